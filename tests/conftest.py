@@ -1,0 +1,17 @@
+"""Every test sees 8 fake CPU devices and shares a persistent compilation cache.
+
+XLA_FLAGS must be set before JAX is imported anywhere, which is why this lives in conftest.py.
+"""
+import os
+import pathlib
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+_CACHE = pathlib.Path(os.environ.get("AIAYN_TEST_JAX_CACHE", pathlib.Path.home() / ".cache" / "aiayn_jax_tests"))
+jax.config.update("jax_compilation_cache_dir", str(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
