@@ -1,0 +1,97 @@
+"""Multi-head scaled dot-product attention, and the masks it takes.
+
+Masks are boolean, True where a query may attend to a key, shaped [batch, 1, q_len, kv_len] so that one
+mask serves every head.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
+_MASKED = -1e9
+
+
+def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
+  """Queries attend to keys of the same packed segment; segment 0 is padding and sees nothing.
+
+  q_segments: int [b, q]; kv_segments: int [b, k]. Returns bool [b, 1, q, k].
+  """
+  same = q_segments[:, :, None] == kv_segments[:, None, :]  # [b, q, k]
+  real = (q_segments[:, :, None] != 0) & (kv_segments[:, None, :] != 0)
+  return (same & real)[:, None]
+
+
+def causal_mask(length: int) -> jax.Array:
+  """Position i sees positions <= i. Returns bool [1, 1, length, length]."""
+  idx = jnp.arange(length)
+  return (idx[:, None] >= idx[None, :])[None, None]
+
+
+def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True, dropout_rng=None,
+                          dtype=jnp.float32):
+  """softmax(q k^T / sqrt(d_k)) v, with the softmax in float32.
+
+  q: [b, q_len, h, d_k]; k: [b, kv_len, h, d_k]; v: [b, kv_len, h, d_v];
+  mask: bool broadcastable to [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
+  """
+  scale = q.shape[-1] ** -0.5
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
+                      preferred_element_type=jnp.float32)  # [b, h, q_len, kv_len]
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  weights = jax.nn.softmax(logits, axis=-1)
+  if dropout_rate > 0.0 and not deterministic:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype))  # [b, q_len, h, d_v]
+
+
+class MultiHeadAttention(nn.Module):
+  """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
+
+  Besides the plain call, it exposes the pieces incremental decoding needs: `project_kv` (keys and
+  values of a memory, computed once) and `attend` (queries against given keys and values).
+  """
+  num_heads: int
+  d_k: int
+  d_v: int
+  d_model: int
+  use_bias: bool = True
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def setup(self):
+    dense = lambda features, axis=-1: nn.DenseGeneral(
+        features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=nn.initializers.xavier_uniform())
+    self.query = dense((self.num_heads, self.d_k))
+    self.key = dense((self.num_heads, self.d_k))
+    self.value = dense((self.num_heads, self.d_v))
+    self.out = dense(self.d_model, axis=(-2, -1))
+
+  def project_kv(self, memory):
+    """memory [b, kv_len, d_model] -> (keys [b, kv_len, h, d_k], values [b, kv_len, h, d_v])."""
+    return self.key(memory), self.value(memory)
+
+  def project_q(self, x):
+    """x [b, q_len, d_model] -> queries [b, q_len, h, d_k]."""
+    return self.query(x)
+
+  def attend(self, q, k, v, mask, deterministic=True):
+    """Queries [b, q, h, d_k] against keys/values; returns the projected output [b, q, d_model]."""
+    rng = None
+    if self.dropout_rate > 0.0 and not deterministic:
+      rng = self.make_rng("dropout")
+    heads = dot_product_attention(q, k, v, mask, dropout_rate=self.dropout_rate,
+                                  deterministic=deterministic, dropout_rng=rng, dtype=self.dtype)
+    return self.out(heads)
+
+  def __call__(self, x, memory, mask, deterministic=True):
+    """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""
+    k, v = self.project_kv(memory)
+    return self.attend(self.project_q(x), k, v, mask, deterministic)

@@ -1,0 +1,168 @@
+"""The encoder-decoder Transformer (Vaswani et al., 2017), as pure Linen modules.
+
+    model = Transformer(cfg)
+    params = model.init({'params': key}, src, tgt_in)['params']
+    logits = model.apply({'params': params}, src, tgt_in)                    # [b, tgt_len, vocab] f32
+
+Incremental decoding (what decode/ uses):
+    enc_out = model.apply({'params': params}, src, method='encode')          # [b, src_len, d_model]
+    cross = model.apply({'params': params}, enc_out, method='cross_kv')      # per layer (k, v), [b, ...]
+    cache = init_cache(cfg, batch_size=n, max_len=L)
+    logits, cache = model.apply({'params': params}, ids, cache, cross, src != 0, method='decode_step')
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model.attention import causal_mask, segment_mask
+from model.config import TransformerConfig
+from model.embedding import Embedder
+from model.layers import DecoderLayer, EncoderLayer, layer_norm
+
+
+def _segments_and_positions(ids, segments, positions):
+  """Unpacked inputs: segment 1 on tokens, 0 on padding; positions 0, 1, 2, ... per row."""
+  if segments is None:
+    segments = (ids != 0).astype(jnp.int32)
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+  return segments, positions
+
+
+class Encoder(nn.Module):
+  cfg: TransformerConfig
+  shared_embedding: nn.Module | None = None
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
+                          self.shared_embedding, cfg.vocab_size, cfg.compute_dtype, cfg.weights_dtype)
+    self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    if cfg.pre_norm:
+      self.final_norm = layer_norm(cfg)
+
+  def __call__(self, src, src_segments, src_positions, deterministic=True):
+    """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
+    x = self.embed(src, src_positions, deterministic)
+    mask = segment_mask(src_segments, src_segments)            # [b, 1, src_len, src_len]
+    for layer in self.layers:
+      x = layer(x, mask, deterministic)
+    return self.final_norm(x) if self.cfg.pre_norm else x
+
+
+class Decoder(nn.Module):
+  cfg: TransformerConfig
+  shared_embedding: nn.Module | None = None
+
+  def setup(self):
+    cfg = self.cfg
+    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
+                          self.shared_embedding, cfg.vocab_size, cfg.compute_dtype, cfg.weights_dtype)
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    if cfg.pre_norm:
+      self.final_norm = layer_norm(cfg)
+
+  def _finish(self, x):
+    return self.final_norm(x) if self.cfg.pre_norm else x
+
+  def __call__(self, tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic=True):
+    """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer)."""
+    x = self.embed(tgt_in, tgt_positions, deterministic)
+    self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
+    cross_mask = segment_mask(tgt_segments, src_segments)      # [b, 1, tgt_len, src_len]
+    for layer in self.layers:
+      x = layer(x, enc_out, self_mask, cross_mask, deterministic)
+    return self._finish(x)
+
+  def cross_kv(self, enc_out):
+    return [layer.cross_kv(enc_out) for layer in self.layers]
+
+  def step(self, ids, cache, cross, src_mask):
+    """ids int32 [n] at position cache['index']; returns (outputs [n, d_model], new cache)."""
+    index = cache["index"][0]
+    positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
+    x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
+    new_layers = []
+    for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
+      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask)
+      new_layers.append(new_layer_cache)
+    return self._finish(x)[:, 0], {"index": cache["index"] + 1, "layers": new_layers}
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder with (by default) one embedding matrix shared by both inputs and the output."""
+  cfg: TransformerConfig
+
+  def setup(self):
+    cfg = self.cfg
+    if cfg.share_embeddings:
+      shared = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
+                        param_dtype=cfg.weights_dtype,
+                        embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5),
+                        name="shared_embedding")
+      self.shared_embedding = shared
+      self.encoder = Encoder(cfg, shared)
+      self.decoder = Decoder(cfg, shared)
+    else:
+      self.encoder = Encoder(cfg)
+      self.decoder = Decoder(cfg)
+      self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
+                                        param_dtype=cfg.weights_dtype, name="output_projection")
+
+  def logits(self, y):
+    """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
+    y = y.astype(jnp.float32)
+    if self.cfg.share_embeddings:
+      table = self.shared_embedding.embedding.astype(jnp.float32)  # [vocab, d_model]
+      return jnp.einsum("...d,vd->...v", y, table)
+    return self.output_projection(y)
+
+  def encode(self, src, src_segments=None, src_positions=None, deterministic=True):
+    """src int [b, src_len] -> enc_out [b, src_len, d_model]."""
+    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
+    return self.encoder(src, src_segments, src_positions, deterministic)
+
+  def decode(self, tgt_in, enc_out, src_segments, tgt_segments=None, tgt_positions=None,
+             deterministic=True):
+    """Teacher-forced decoder: tgt_in [b, tgt_len] -> logits float32 [b, tgt_len, vocab]."""
+    tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
+    y = self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
+    return self.logits(y)
+
+  def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
+               tgt_positions=None, deterministic=True):
+    """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab]."""
+    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
+    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
+    return self.decode(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic)
+
+  def cross_kv(self, enc_out):
+    """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, src_len, h, d_k], values [..., d_v])."""
+    return self.decoder.cross_kv(enc_out)
+
+  def decode_step(self, ids, cache, cross, src_mask):
+    """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
+
+    ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; cross from `cross_kv` ([b, ...] leaves);
+    src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
+    """
+    y, cache = self.decoder.step(ids, cache, cross, src_mask)
+    return self.logits(y), cache
+
+
+def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int):
+  """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens.
+
+  Every leaf has leading dimension batch_size (so beam search can tile and reorder it): per layer
+  'k' [batch_size, max_len, h, d_k] and 'v' [batch_size, max_len, h, d_v], and 'index' int32
+  [batch_size], the position the next token is written to (equal across rows).
+  """
+  if max_len > cfg.max_len and cfg.learned_positions:
+    raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
+  dtype = cfg.compute_dtype
+  layer = lambda: {"k": jnp.zeros((batch_size, max_len, cfg.num_heads, cfg.head_dim_k), dtype),
+                   "v": jnp.zeros((batch_size, max_len, cfg.num_heads, cfg.head_dim_v), dtype)}
+  return {"index": jnp.zeros((batch_size,), jnp.int32),
+          "layers": [layer() for _ in range(cfg.num_decoder_layers)]}
