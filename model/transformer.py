@@ -108,16 +108,19 @@ class Transformer(nn.Module):
     else:
       self.encoder = Encoder(cfg)
       self.decoder = Decoder(cfg)
-      self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
+      self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
                                         param_dtype=cfg.weights_dtype, name="output_projection")
 
   def logits(self, y):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
-    y = y.astype(jnp.float32)
+    # The matmul reads its inputs in the compute dtype but accumulates and returns float32, so the
+    # softmax and the loss are float32 even when the model computes in bfloat16.
+    dtype = self.cfg.compute_dtype
     if self.cfg.share_embeddings:
-      table = self.shared_embedding.embedding.astype(jnp.float32)  # [vocab, d_model]
-      return jnp.einsum("...d,vd->...v", y, table)
-    return self.output_projection(y)
+      table = self.shared_embedding.embedding                        # [vocab, d_model]
+      return jnp.einsum("...d,vd->...v", y.astype(dtype), table.astype(dtype),
+                        preferred_element_type=jnp.float32)
+    return self.output_projection(y).astype(jnp.float32)
 
   def encode(self, src, src_segments=None, src_positions=None, deterministic=True):
     """src int [b, src_len] -> enc_out [b, src_len, d_model]."""
