@@ -54,6 +54,12 @@ def get_config(arg=None):
       checkpoint_every_steps=500,
       checkpoint_every_minutes=10.0,
       keep_checkpoints=5,
+      init_checkpoint="",          # "RUN_DIR[:STEP|:averaged]": start from its parameters (if no checkpoint)
+      bleu_dev_sentences=0,        # dev sentences decoded for eval/bleu (0: all)
+      test_bleu=True,              # at the end: test-set sacreBLEU and sample translations
+      num_samples=3,               # sample translations printed at the end
+      tensorboard=True,            # event files in workdir/tb
+      progress=True,               # tqdm progress bar on the console
   ))
 
   # Decoding (owned by decode/).
