@@ -1,0 +1,197 @@
+"""The pure train/eval steps: schedules, loss, 1 vs 8 devices, FSDP, accumulation, non-finite guard."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from train import loss as loss_lib
+from train import schedules
+from train import step as step_lib
+from train.optimizer import make_optimizer
+
+VOCAB = 40
+
+
+def toy_batch(rows=16, length=7, seed=0):
+  """A learnable batch in the data contract's format: the target is the reversed source.
+
+  Row r has length - (r % 3) real tokens and padding after them (segments 0 there).
+  """
+  rng = np.random.RandomState(seed)
+  src = np.zeros((rows, length), np.int32)
+  tgt_in = np.zeros((rows, length + 1), np.int32)
+  tgt_out = np.zeros((rows, length + 1), np.int32)
+  for r in range(rows):
+    n = length - r % 3
+    tokens = rng.randint(3, VOCAB, n)
+    src[r, :n] = tokens
+    tgt_in[r, :n + 1] = np.concatenate([[1], tokens[::-1]])     # bos + target
+    tgt_out[r, :n + 1] = np.concatenate([tokens[::-1], [2]])    # target + eos
+  segments = lambda x: (x != 0).astype(np.int32)
+  positions = lambda x: np.where(x != 0, np.arange(x.shape[1]), 0).astype(np.int32)
+  tgt_segments = (tgt_out != 0).astype(np.int32)
+  return dict(src=src, src_segments=segments(src), src_positions=positions(src), tgt_in=tgt_in,
+              tgt_out=tgt_out, tgt_segments=tgt_segments,
+              tgt_positions=np.where(tgt_segments, np.arange(length + 1), 0).astype(np.int32))
+
+
+def tiny_config(**train):
+  config = ml_collections.ConfigDict()
+  config.model = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                      dropout_rate=0.1, max_len=32)
+  config.train = dict(schedule="inverse_sqrt", learning_rate=3e-3, warmup_steps=5, num_steps=100,
+                      adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0)
+  config.train.update(train)
+  return config
+
+
+def setup(config, devices=None, fsdp=False, accum=1, label_smoothing=0.1):
+  mesh = step_lib.make_mesh(devices)
+  model = step_lib.make_model(config, VOCAB)
+  schedule = schedules.make_schedule(config.train, config.model.d_model)
+  tx = make_optimizer(config.train, schedule)
+  state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0), fsdp=fsdp)
+  train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
+                                       label_smoothing=label_smoothing, accum_steps=accum)
+  return mesh, model, state, shardings, train_step
+
+
+def assert_params_close(a, b, tol=1e-5):
+  """Every parameter equal within tol, except attention KEY biases: adding a constant to every key
+  logit of a query changes no softmax, so their gradient is zero up to rounding, and Adam (eps 1e-9)
+  turns that rounding noise, which depends on the reduction order, into lr-sized steps."""
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+    name = jax.tree_util.keystr(path)
+    if "['key']['bias']" not in name:
+      np.testing.assert_allclose(x, y, rtol=tol, atol=tol, err_msg=name)
+
+
+def run(config, steps=4, same_batch=False, **kwargs):
+  mesh, _, state, _, train_step = setup(config, **kwargs)
+  history = []
+  for i in range(steps):
+    batch = toy_batch(seed=0 if same_batch else i)
+    state, metrics = train_step(state, step_lib.place_batch(batch, mesh), jax.random.key(7))
+    history.append(jax.device_get(metrics))
+  return jax.device_get(state), history
+
+
+# ------------------------------------------------------------------------------------------------------
+def test_paper_schedule_values():
+  lr = schedules.paper(d_model=512, warmup_steps=4000)
+  # count 0 is the paper's step 1: 512^-0.5 * 4000^-1.5
+  np.testing.assert_allclose(lr(0), 512 ** -0.5 * 4000 ** -1.5, rtol=1e-6)
+  assert float(lr(0)) > 0
+  # peak at step = warmup: d_model^-0.5 * warmup^-0.5 = 6.988e-4
+  np.testing.assert_allclose(lr(3999), 512 ** -0.5 * 4000 ** -0.5, rtol=1e-6)
+  np.testing.assert_allclose(lr(3999), 6.98771e-4, rtol=1e-5)
+  np.testing.assert_allclose(lr(15999), 512 ** -0.5 * 16000 ** -0.5, rtol=1e-6)
+  assert lr(3998) < lr(3999) and lr(4000) < lr(3999)
+  np.testing.assert_allclose(schedules.paper(512, 4000, multiplier=2.0)(99), 2 * lr(99), rtol=1e-6)
+  inv = schedules.inverse_sqrt(1e-3, 100)
+  np.testing.assert_allclose([inv(49), inv(99), inv(399)], [5e-4, 1e-3, 5e-4], rtol=1e-6)
+  cos = schedules.cosine(1e-3, 10, 110, final_fraction=0.0)
+  np.testing.assert_allclose([cos(4), cos(9), cos(59), cos(109)], [5e-4, 1e-3, 5e-4, 0.0], atol=1e-9)
+
+
+def test_label_smoothed_loss_matches_numpy():
+  rng = np.random.RandomState(0)
+  logits = rng.randn(2, 3, 5).astype(np.float32)
+  targets = rng.randint(0, 5, (2, 3))
+  weights = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+  eps = 0.1
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  q = np.full((2, 3, 5), eps / 4)
+  np.put_along_axis(q, targets[..., None], 1 - eps, axis=-1)
+  expected = ((q * (np.log(q) - logp)).sum(-1) * weights).sum()          # KL(q || p)
+  got = loss_lib.smoothed_cross_entropy(jnp.asarray(logits), targets, weights, eps)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  # eps = 0 is the plain NLL
+  np.testing.assert_allclose(loss_lib.smoothed_cross_entropy(logits, targets, weights, 0.0),
+                             loss_lib.nll(logits, targets, weights), rtol=1e-6)
+  np.testing.assert_allclose(loss_lib.correct(logits, targets, weights),
+                             ((logits.argmax(-1) == targets) * weights).sum())
+
+
+def test_loss_is_normalised_by_real_tokens_of_the_global_batch():
+  config = tiny_config()
+  mesh, model, state, shardings, _ = setup(config)
+  batch = toy_batch()
+  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=0.1)
+  sums = jax.device_get(eval_step(state.params, step_lib.place_batch(batch, mesh)))
+  assert sums["tokens"] == (batch["tgt_segments"] != 0).sum()
+  logits = jax.jit(model.apply)({"params": state.params}, batch["src"], batch["tgt_in"])
+  weights = (batch["tgt_segments"] != 0).astype(np.float32)
+  np.testing.assert_allclose(sums["loss"], loss_lib.smoothed_cross_entropy(
+      logits, batch["tgt_out"], weights, 0.1), rtol=1e-5)
+
+
+def test_loss_falls_when_fitting_one_batch():
+  _, history = run(tiny_config(learning_rate=1e-2), steps=30, same_batch=True)
+  first, last = history[0], history[-1]
+  assert last["loss"] < 0.7 * first["loss"], (first["loss"], last["loss"])
+  assert last["accuracy"] > first["accuracy"]
+  for key in ("loss", "nll", "ppl", "accuracy", "learning_rate", "grad_norm", "param_norm", "tokens"):
+    assert np.isfinite(last[key]), key
+  np.testing.assert_allclose(last["ppl"], np.exp(last["nll"]), rtol=1e-5)
+
+
+def test_one_device_equals_eight_devices():
+  assert len(jax.devices()) == 8
+  config = tiny_config()
+  state1, hist1 = run(config, devices=jax.devices()[:1])
+  state8, hist8 = run(config)
+  np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=1e-5, atol=1e-5)
+  assert_params_close(state1.params, state8.params)
+  # and FSDP on 8 devices: the same numbers with sharded parameters and optimizer state
+  mesh, _, state, shardings, _ = setup(config, fsdp=True)
+  specs = [s.spec for s in jax.tree_util.tree_leaves(shardings.params)]
+  assert any("data" in spec for spec in specs)
+  state_fsdp, hist_fsdp = run(config, fsdp=True)
+  np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist_fsdp], rtol=1e-5,
+                             atol=1e-5)
+  assert_params_close(state1.params, state_fsdp.params)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+  config = tiny_config()
+  config.model.dropout_rate = 0.0   # dropout masks differ per micro-batch; compare the arithmetic
+  state1, hist1 = run(config, steps=3)
+  state4, hist4 = run(config, steps=3, accum=4)
+  np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist4], rtol=1e-5)
+  assert [h["tokens"] for h in hist1] == [h["tokens"] for h in hist4]
+  assert_params_close(state1.params, state4.params, tol=1e-5)
+
+
+def test_nonfinite_step_keeps_the_last_good_state():
+  mesh, _, state, _, train_step = setup(tiny_config())
+  key = jax.random.key(7)
+  state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=0), mesh), key)
+  good = jax.device_get(state)
+  # Poison one parameter: the next loss is NaN, so the update must be refused.
+  poisoned = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
+  bad_state, metrics = train_step(poisoned, step_lib.place_batch(toy_batch(seed=1), mesh), key)
+  assert not np.isfinite(float(metrics["loss"]))
+  assert int(bad_state.nonfinite_step) == 1 and int(bad_state.step) == 1
+  # Later (finite) batches do not move it either: the run must stop and keep the last good state.
+  fresh = bad_state.replace(params=jax.device_put(good.params, jax.tree_util.tree_map(
+      lambda x: x.sharding, bad_state.params)))
+  after, _ = train_step(fresh, step_lib.place_batch(toy_batch(seed=2), mesh), key)
+  assert int(after.step) == 1 and int(after.nonfinite_step) == 1
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(after.params), good.params)
+
+
+def test_fsdp_spec_picks_largest_divisible_dim():
+  assert step_lib.fsdp_spec((36, 32), 8) == jax.sharding.PartitionSpec(None, "data")
+  assert step_lib.fsdp_spec((64, 32), 8) == jax.sharding.PartitionSpec("data", None)
+  assert step_lib.fsdp_spec((3,), 8) == jax.sharding.PartitionSpec()
+  assert step_lib.fsdp_spec((), 8) == jax.sharding.PartitionSpec()
+
+
+def test_place_batch_names_a_missing_key():
+  mesh = step_lib.make_mesh()
+  batch = toy_batch()
+  del batch["tgt_positions"]
+  with pytest.raises(KeyError, match="tgt_positions"):
+    step_lib.place_batch(batch, mesh)

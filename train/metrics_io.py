@@ -1,0 +1,75 @@
+"""Where metrics go: workdir/metrics.jsonl, TensorBoard event files under workdir/tb, and the console.
+
+metrics.jsonl holds one JSON object per line: train lines {"step", "train/loss", "train/nll", ...} every
+log_every steps, eval lines {"step", "eval/loss", "eval/ppl", ... and "eval/bleu" when computed}, and a
+final {"step", "test/bleu", "test/signature"}. On resume, lines past the restored step are dropped (they
+will be written again), so the file of a resumed run equals that of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+METRICS = "metrics.jsonl"
+TB = "tb"
+
+
+def _jsonable(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)   # JSON has no NaN/inf; keep it readable
+  return value
+
+
+class MetricsWriter:
+  """Appends metric dicts to metrics.jsonl and TensorBoard (scalars only)."""
+
+  def __init__(self, workdir, resume_step: int = 0, tensorboard: bool = True):
+    self.path = pathlib.Path(workdir) / METRICS
+    truncate_after(self.path, resume_step)
+    self._file = open(self.path, "a")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      # purge_step drops events of an interrupted run past the step we resume from.
+      self._tb = SummaryWriter(str(pathlib.Path(workdir) / TB),
+                               purge_step=resume_step if resume_step > 0 else None)
+
+  def write(self, step: int, metrics: dict) -> None:
+    line = {"step": int(step)}
+    line.update({k: _jsonable(float(v) if not isinstance(v, str) else v) for k, v in metrics.items()})
+    self._file.write(json.dumps(line) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for key, value in metrics.items():
+        if not isinstance(value, str):
+          self._tb.add_scalar(key, float(value), int(step))
+      self._tb.flush()
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def truncate_after(path, step: int) -> None:
+  """Drops the lines of a metrics.jsonl with "step" > step (atomically)."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return
+  kept = []
+  for line in path.read_text().splitlines():
+    try:
+      if json.loads(line)["step"] <= step:
+        kept.append(line)
+    except (ValueError, KeyError):
+      continue   # a line cut short by a kill
+  tmp = path.with_suffix(".jsonl.tmp")
+  tmp.write_text("".join(line + "\n" for line in kept))
+  tmp.replace(path)
+
+
+def read_metrics(workdir) -> list[dict]:
+  """All lines of workdir/metrics.jsonl as dicts."""
+  path = pathlib.Path(workdir) / METRICS
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,244 @@
+"""The pure train and eval steps, the train state, and how both are laid out on a device mesh.
+
+    mesh = make_mesh()                                      # 1-D mesh ('data',) over all devices
+    state, shardings = create_state(model, tx, mesh, params_key, fsdp=False)
+    step_fn = jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1, accum_steps=1)
+    state, metrics = step_fn(state, place_batch(batch, mesh), train_key)
+
+Data parallel by default: parameters and optimizer state are replicated, batch rows are split over the
+'data' axis and XLA inserts the gradient all-reduce. With fsdp=True every array of the state is split over
+the same axis on its largest dimension divisible by the number of devices (ZeRO-3 style), and XLA
+all-gathers parameters where the computation needs them.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from model import Transformer, TransformerConfig
+from train import loss as loss_lib
+
+BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array            # int32 []: updates applied so far
+  params: Any
+  opt_state: Any
+  # int32 []: -1 while every step was finite; else the first step whose loss or gradient was not finite.
+  # From then on the step leaves the state untouched, so the state is the last good one.
+  nonfinite_step: jax.Array
+
+
+def make_model(config, vocab_size: int) -> Transformer:
+  """config (a ConfigDict with a .model section) + vocabulary size -> the Transformer module."""
+  return Transformer(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Mesh and shardings.
+# ----------------------------------------------------------------------------------------------------
+def make_mesh(devices=None) -> Mesh:
+  """A 1-D mesh with axis 'data' over `devices` (default: all). Axes are Auto (not Explicit)."""
+  devices = jax.devices() if devices is None else list(devices)
+  return Mesh(np.array(devices).reshape(-1), ("data",))
+
+
+def fsdp_spec(shape, num_shards: int) -> P:
+  """Splits the largest dimension divisible by num_shards over 'data'; replicates if there is none."""
+  if num_shards > 1:
+    dims = sorted(range(len(shape)), key=lambda d: -shape[d])
+    for d in dims:
+      if shape[d] % num_shards == 0 and shape[d] >= num_shards:
+        spec = [None] * len(shape)
+        spec[d] = "data"
+        return P(*spec)
+  return P()
+
+
+def state_shardings(abstract_state, mesh: Mesh, fsdp: bool):
+  """A NamedSharding per leaf of `abstract_state` (arrays or ShapeDtypeStructs)."""
+  size = mesh.devices.size
+
+  def leaf(x):
+    return NamedSharding(mesh, fsdp_spec(x.shape, size) if fsdp else P())
+  return jax.tree_util.tree_map(leaf, abstract_state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Rows of every batch array are split over 'data'."""
+  return NamedSharding(mesh, P("data"))
+
+
+def place_batch(batch: dict, mesh: Mesh) -> dict:
+  """Host batch (dict of numpy int32 [rows, len]) -> dict of global jax arrays sharded by rows.
+
+  Each process passes its own rows (make_array_from_process_local_data), so this also works multi-host.
+  """
+  sharding = batch_sharding(mesh)
+  out = {}
+  for key in BATCH_KEYS:
+    if key not in batch:
+      raise KeyError(f"batch has no {key!r} (keys: {sorted(batch)}); see the batch contract in data/")
+    out[key] = jax.make_array_from_process_local_data(sharding, np.asarray(batch[key], np.int32))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# State.
+# ----------------------------------------------------------------------------------------------------
+def _init_state(params_key, model: Transformer, tx: optax.GradientTransformation) -> TrainState:
+  ids = jnp.ones((1, 2), jnp.int32)
+  params = model.init({"params": params_key}, ids, ids)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    nonfinite_step=jnp.full((), -1, jnp.int32))
+
+
+def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
+  """Initialises parameters and optimizer state directly in their sharded layout.
+
+  Returns (state, shardings) where shardings is a TrainState-shaped tree of NamedShardings.
+  """
+  init = functools.partial(_init_state, model=model, tx=tx)
+  shardings = state_shardings(jax.eval_shape(init, params_key), mesh, fsdp)
+  state = jax.jit(init, out_shardings=shardings)(params_key)
+  return state, shardings
+
+
+def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
+  """(ShapeDtypeStructs with shardings, shardings) of the state, without computing anything."""
+  init = functools.partial(_init_state, model=model, tx=tx)
+  shapes = jax.eval_shape(init, jax.random.key(0))
+  shardings = state_shardings(shapes, mesh, fsdp)
+  abstract = jax.tree_util.tree_map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+  return abstract, shardings
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loss sums for one (micro-)batch.
+# ----------------------------------------------------------------------------------------------------
+def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, deterministic):
+  """Forward pass -> (smoothed loss sum, aux sums). Every sum is over real target tokens."""
+  logits = model.apply(
+      {"params": params}, batch["src"], batch["tgt_in"],
+      src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
+      src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
+      deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key})
+  weights = (batch["tgt_segments"] != 0).astype(jnp.float32)                 # [rows, tgt_len]
+  targets = batch["tgt_out"]
+  loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+  aux = {"loss": loss,
+         "nll": loss_lib.nll(logits, targets, weights),
+         "correct": loss_lib.correct(logits, targets, weights),
+         "tokens": jnp.sum(weights)}
+  return loss, aux
+
+
+def _grad_sums(params, batch, rng, *, model, label_smoothing, accum_steps, micro_sharding):
+  """Gradient of the loss SUM and the aux sums, over accum_steps micro-batches of `batch`.
+
+  Micro-batch i takes rows i, i + accum, i + 2 accum, ...: each device keeps its own block of rows, so
+  splitting needs no communication.
+  """
+  grad_fn = jax.grad(_loss_sums, has_aux=True)
+  kwargs = dict(model=model, label_smoothing=label_smoothing, deterministic=False)
+  if accum_steps == 1:
+    return grad_fn(params, batch, rng, **kwargs)
+
+  def split(x):
+    rows, length = x.shape
+    x = x.reshape(rows // accum_steps, accum_steps, length).swapaxes(0, 1)   # [accum, rows/accum, len]
+    return jax.lax.with_sharding_constraint(x, micro_sharding)
+  micro_batches = jax.tree_util.tree_map(split, batch)
+
+  def body(carry, inputs):
+    grads, aux = carry
+    index, micro = inputs
+    g, a = grad_fn(params, micro, jax.random.fold_in(rng, index), **kwargs)
+    return (jax.tree_util.tree_map(jnp.add, grads, g), jax.tree_util.tree_map(jnp.add, aux, a)), None
+
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  zero_aux = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+  (grads, aux), _ = jax.lax.scan(body, (zeros, zero_aux), (jnp.arange(accum_steps), micro_batches))
+  return grads, aux
+
+
+# ----------------------------------------------------------------------------------------------------
+# The steps.
+# ----------------------------------------------------------------------------------------------------
+def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, label_smoothing: float,
+               accum_steps: int = 1, micro_sharding=None):
+  """One optimizer update on one global batch. Pure.
+
+  batch: dict of int32 [rows, len] (rows divisible by devices * accum_steps); rng: the run's train key,
+  folded here with the step (so dropout depends only on seed and step, which makes resume exact).
+  Returns (new state, metrics dict of float32 scalars).
+  """
+  rng = jax.random.fold_in(rng, state.step)
+  grads, aux = _grad_sums(state.params, batch, rng, model=model, label_smoothing=label_smoothing,
+                          accum_steps=accum_steps, micro_sharding=micro_sharding)
+  tokens = jnp.maximum(aux["tokens"], 1.0)     # real target tokens of the whole global batch
+  grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+
+  loss = aux["loss"] / tokens
+  grad_norm = optax.tree.norm(grads)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (state.nonfinite_step < 0)
+  keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+  new_state = TrainState(
+      step=jnp.where(ok, state.step + 1, state.step),
+      params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      nonfinite_step=jnp.where(state.nonfinite_step >= 0, state.nonfinite_step,
+                               jnp.where(ok, -1, state.step)))
+  nll = aux["nll"] / tokens
+  metrics = {"loss": loss, "nll": nll, "ppl": jnp.exp(nll), "accuracy": aux["correct"] / tokens,
+             "learning_rate": schedule(state.step), "grad_norm": grad_norm,
+             "param_norm": optax.tree.norm(new_state.params), "tokens": aux["tokens"]}
+  return new_state, metrics
+
+
+def eval_step(params, batch: dict, *, model, label_smoothing: float):
+  """Loss sums of one batch with dropout off: {'loss','nll','correct','tokens'} float32 scalars.
+
+  The caller adds them over batches and divides by 'tokens' (see `finish_eval`).
+  """
+  _, aux = _loss_sums(params, batch, None, model=model, label_smoothing=label_smoothing,
+                      deterministic=True)
+  return aux
+
+
+def finish_eval(sums: dict) -> dict:
+  """Summed eval_step outputs -> {'loss', 'nll', 'ppl', 'accuracy', 'tokens'}."""
+  tokens = max(float(sums["tokens"]), 1.0)
+  nll = float(sums["nll"]) / tokens
+  return {"loss": float(sums["loss"]) / tokens, "nll": nll, "ppl": float(np.exp(nll)),
+          "accuracy": float(sums["correct"]) / tokens, "tokens": float(sums["tokens"])}
+
+
+def jit_train_step(model, tx, schedule, mesh: Mesh, shardings, *, label_smoothing: float,
+                   accum_steps: int = 1):
+  """train_step jitted with explicit shardings; the state argument is donated."""
+  replicated = NamedSharding(mesh, P())
+  fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                         label_smoothing=label_smoothing, accum_steps=accum_steps,
+                         micro_sharding=NamedSharding(mesh, P(None, "data")))
+  return jax.jit(fn, in_shardings=(shardings, batch_sharding(mesh), replicated),
+                 out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+def jit_eval_step(model, mesh: Mesh, param_shardings, *, label_smoothing: float):
+  """eval_step jitted with explicit shardings (params are not donated)."""
+  fn = functools.partial(eval_step, model=model, label_smoothing=label_smoothing)
+  return jax.jit(fn, in_shardings=(param_shardings, batch_sharding(mesh)),
+                 out_shardings=NamedSharding(mesh, P()))
