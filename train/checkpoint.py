@@ -36,7 +36,9 @@ def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOIN
   path = pathlib.Path(workdir).absolute() / directory
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
                                          enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(path, item_names=("params", "opt_state", "meta"), options=options)
+  handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
+              "meta": ocp.JsonCheckpointHandler()}
+  return ocp.CheckpointManager(path, item_handlers=handlers, options=options)
 
 
 def save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dict) -> None:
@@ -134,6 +136,8 @@ def load_params(workdir, checkpoint=None):
     for i, step in enumerate(steps):
       try:
         metadata = manager.item_metadata(step)["params"]
+        if metadata is None:
+          raise ValueError(f"no parameter metadata in {path / str(step)}")
         abstract = _host_abstract(metadata.tree if hasattr(metadata, "tree") else metadata)
         restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
         return restored["params"], step

@@ -1,0 +1,76 @@
+"""Checkpoint averaging (the paper decodes base models with the average of the last 5 checkpoints, big
+models of the last 20).
+
+    python -m train.average --workdir runs/default --last 5
+
+writes workdir/averaged/<newest averaged step>/ with the element-wise mean of the parameters of the last K
+checkpoints; `load_params(workdir, 'averaged')` (and decoding) reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+
+from train import checkpoint as ckpt
+
+
+def average_params(param_trees):
+  """Element-wise mean of a list of identically-shaped parameter pytrees (accumulated in float64,
+  returned in each leaf's dtype)."""
+  def mean(*leaves):
+    total = np.zeros(np.shape(leaves[0]), np.float64)
+    for leaf in leaves:
+      total += np.asarray(leaf, np.float64)
+    return (total / len(leaves)).astype(np.asarray(leaves[0]).dtype)
+  return jax.tree_util.tree_map(mean, *param_trees)
+
+
+def average_checkpoints(workdir, last: int) -> tuple[pathlib.Path, list[int]]:
+  """Averages the parameters of the last `last` checkpoints of workdir into workdir/averaged.
+
+  Returns (the averaged checkpoint's directory, the steps averaged). Replaces an earlier average.
+  """
+  if last < 1:
+    raise ValueError(f"--last must be >= 1, got {last}")
+  workdir = pathlib.Path(workdir).absolute()
+  manager = ckpt.make_manager(workdir, read_only=True)
+  steps = sorted(manager.all_steps())
+  manager.close()
+  if not steps:
+    raise FileNotFoundError(f"no checkpoints in {workdir / ckpt.CHECKPOINTS}")
+  chosen = steps[-last:]
+  if len(chosen) < last:
+    print(f"[average] only {len(chosen)} checkpoints in {workdir / ckpt.CHECKPOINTS}; averaging {chosen}")
+  trees = [jax.device_get(ckpt.load_params(workdir, step)[0]) for step in chosen]
+  averaged = average_params(trees)
+
+  # Write next to the final place, then swap, so a crash never leaves a half-written average.
+  final = workdir / ckpt.AVERAGED
+  staging = workdir / (ckpt.AVERAGED + ".tmp")
+  shutil.rmtree(staging, ignore_errors=True)
+  writer = ckpt.make_manager(workdir, directory=staging.name, async_save=False)
+  ckpt.save(writer, chosen[-1], averaged, None, {"step": chosen[-1], "averaged_steps": chosen})
+  writer.wait_until_finished()
+  writer.close()
+  shutil.rmtree(final, ignore_errors=True)
+  staging.rename(final)
+  return final / str(chosen[-1]), chosen
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m train.average", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="run directory")
+  parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
+  args = parser.parse_args(argv)
+  path, steps = average_checkpoints(args.workdir, args.last)
+  print(f"averaged steps {steps} -> {path}")
+  print(f"decode with: python -m decode --workdir {args.workdir} --checkpoint averaged --input FILE")
+
+
+if __name__ == "__main__":
+  main()

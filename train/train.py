@@ -1,0 +1,302 @@
+"""The training driver: `train_and_evaluate(config, workdir)`.
+
+Reads top to bottom: run directory, mesh, data, model and optimizer, state (resume), steps, checkpoints,
+evaluation, the loop, and the final test-set BLEU.
+
+Where the starting state comes from (first match wins):
+  1. the newest readable checkpoint in workdir/checkpoints (rerunning a command resumes it exactly:
+     parameters, optimizer state, step, RNG and data iterator position);
+  2. config.train.init_checkpoint = "RUN_DIR[:STEP|:averaged]": parameters only, fresh optimizer, step 0;
+  3. scratch: parameters from config.seed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from train import checkpoint as ckpt
+from train import config_io, metrics_io, run_dir, schedules
+from train import step as step_lib
+from train.optimizer import make_optimizer
+
+# Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
+TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or gradient stopped being finite; the run stopped without saving the bad state."""
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What train_and_evaluate returns."""
+  workdir: str
+  step: int
+  interrupted: str | None = None       # name of the signal that stopped the run early, if any
+  test_bleu: float | None = None
+  test_signature: str | None = None
+  samples: list | None = None          # [(source, reference, hypothesis)]
+  eval: dict | None = None
+
+
+class _Signals:
+  """Turns SIGTERM/SIGINT into a flag the loop checks between steps (then it saves and returns)."""
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:   # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    self.received = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
+  """Refuses to resume a run whose model or data settings changed; notes other changes."""
+  path = workdir / config_io.CONFIG_FILE
+  if not path.exists():
+    return
+  old = json.loads(path.read_text())
+  changes = config_io.diff_configs(old, config.to_dict())
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
+  if fatal and has_checkpoints:
+    raise ValueError(f"{path}: this run directory was trained with different settings "
+                     f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
+  if changes:
+    print(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
+
+
+def _evaluate(eval_fn, params, batches, mesh) -> dict:
+  """Dev loss/ppl/accuracy over a list of host batches (sums on device, one fetch at the end)."""
+  sums = None
+  for batch in batches:
+    out = eval_fn(params, step_lib.place_batch(batch, mesh))
+    sums = out if sums is None else jax.tree_util.tree_map(jnp.add, sums, out)
+  return step_lib.finish_eval(jax.device_get(sums))
+
+
+def _bleu(model, params, vocab, pairs, decode_config, limit: int = 0):
+  """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
+  from decode.bleu import sacrebleu_score
+  from decode.translate import translate
+  pairs = pairs[:limit] if limit else pairs
+  host_params = jax.device_put(params, jax.local_devices()[0])
+  hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
+                   alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
+                   batch_tokens=decode_config.batch_tokens)
+  score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
+  return float(score), signature, hyps
+
+
+def train_and_evaluate(config, workdir) -> Outcome:
+  """Trains config's experiment in workdir (resuming what is there), evaluates, and returns an Outcome.
+
+  Raises NonFiniteError if the loss or gradient becomes non-finite (the last good checkpoint is kept),
+  run_dir.RunDirLocked if another trainer holds workdir.
+  """
+  workdir = pathlib.Path(workdir).absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  with run_dir.RunLock(workdir), _Signals() as signals:
+    return _train(config, workdir, signals)
+
+
+def _train(config, workdir: pathlib.Path, signals: _Signals) -> Outcome:
+  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
+  tc = config.train
+
+  # ------------------------------------------------------------------------------------------------
+  # Run directory: config, versions, checkpoint manager.
+  # ------------------------------------------------------------------------------------------------
+  manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
+  _check_config(config, workdir, bool(manager.all_steps()))
+  config_io.save_config(config, workdir)
+  run_dir.write_versions(workdir)
+
+  # ------------------------------------------------------------------------------------------------
+  # Mesh: one 'data' axis over every device; batches have rows divisible by devices * accumulation.
+  # ------------------------------------------------------------------------------------------------
+  mesh = step_lib.make_mesh()
+  num_devices = mesh.devices.size
+  accum = int(tc.grad_accum_steps)
+
+  # ------------------------------------------------------------------------------------------------
+  # Data.
+  # ------------------------------------------------------------------------------------------------
+  vocab = get_vocab(config.data, workdir)
+  train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
+                                   process_index=jax.process_index(), process_count=jax.process_count())
+  dev_pairs = load_pairs(config.data, "dev")
+  dev_batches = make_eval_batches(config.data, vocab, dev_pairs, row_multiple=num_devices)
+
+  # ------------------------------------------------------------------------------------------------
+  # Model and optimizer.
+  # ------------------------------------------------------------------------------------------------
+  model = step_lib.make_model(config, vocab.size)
+  schedule = schedules.make_schedule(tc, config.model.d_model)
+  tx = make_optimizer(tc, schedule)
+  abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
+
+  # ------------------------------------------------------------------------------------------------
+  # State: resume > init_checkpoint > scratch (see the module docstring).
+  # ------------------------------------------------------------------------------------------------
+  params_key, train_key = jax.random.split(jax.random.key(config.seed))
+  params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state)
+  pending = []   # per-step metric dicts since the last log line (restored too: exact averages on resume)
+  if meta is not None:
+    if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
+      raise ValueError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
+                       f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
+    state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
+                                opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
+    state = jax.device_put(state, shardings)
+    train_key = ckpt.key_from_json(meta["rng"])
+    train_iter.set_state(meta["data"])
+    pending = meta.get("pending_metrics", [])
+    print(f"[train] resumed {workdir} at step {meta['step']}")
+  else:
+    state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
+    if tc.init_checkpoint:
+      run, _, which = tc.init_checkpoint.partition(":")
+      which = None if not which else which if which == "averaged" else int(which)
+      init_params, init_step = ckpt.load_params(run, which)
+      if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
+          a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
+                                             jax.tree_util.tree_leaves(state.params))):
+        raise ValueError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
+                         f"match config.model (different architecture or vocabulary size)")
+      state = state.replace(params=jax.device_put(init_params, shardings.params))
+      print(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
+  start_step = int(state.step)
+
+  # ------------------------------------------------------------------------------------------------
+  # Steps: jitted once, with explicit shardings; the state is donated.
+  # ------------------------------------------------------------------------------------------------
+  train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
+                                       label_smoothing=tc.label_smoothing, accum_steps=accum)
+  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing)
+
+  # ------------------------------------------------------------------------------------------------
+  # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
+  # SIGTERM/SIGINT; never a state that went non-finite.
+  # ------------------------------------------------------------------------------------------------
+  def check_finite(step):
+    bad = int(state.nonfinite_step)
+    if bad >= 0:
+      manager.wait_until_finished()
+      good = manager.latest_step()
+      raise NonFiniteError(
+          f"non-finite loss or gradient at step {bad} (detected by step {step}); training stopped "
+          f"without saving it. Last good checkpoint: "
+          f"{workdir / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
+          f"config.train.learning_rate, config.train.grad_clip_norm > 0 or a longer warmup.")
+
+  def save(step):
+    check_finite(step)
+    host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
+    meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": train_iter.get_state(),
+            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending}
+    ckpt.save(manager, step, state.params, state.opt_state, meta)
+
+  # ------------------------------------------------------------------------------------------------
+  # Evaluation.
+  # ------------------------------------------------------------------------------------------------
+  writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard)
+
+  def evaluate(step, with_bleu):
+    t0 = time.time()
+    result = {f"eval/{k}": v for k, v in _evaluate(eval_step, state.params, dev_batches, mesh).items()}
+    result["eval/seconds"] = time.time() - t0
+    if with_bleu:
+      t0 = time.time()
+      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode, tc.bleu_dev_sentences)
+      result["eval/bleu"] = bleu
+      result["eval/bleu_seconds"] = time.time() - t0
+    writer.write(step, result)
+    return result
+
+  # ------------------------------------------------------------------------------------------------
+  # The loop. Metrics stay on device until a log step; the host never waits on a step otherwise.
+  # ------------------------------------------------------------------------------------------------
+  num_steps = int(tc.num_steps)
+  every = lambda n, step: n and step % n == 0
+  last_save_time = time.time()
+  last_log_time, last_log_step = time.time(), start_step
+  eval_result = None
+  bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not tc.progress,
+                  dynamic_ncols=True)
+  step = start_step
+  while step < num_steps and signals.received is None:
+    batch = next(train_iter)
+    state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
+    pending.append(metrics)
+    step += 1
+    bar.update(1)
+
+    if every(tc.log_every, step) or step == num_steps:
+      check_finite(step)
+      host = jax.device_get(pending)
+      now = time.time()
+      line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
+      line["train/learning_rate"] = float(host[-1]["learning_rate"])
+      tokens = float(np.sum([float(m["tokens"]) for m in host]))
+      line["train/tokens"] = tokens
+      line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
+      line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
+      writer.write(step, line)
+      bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
+                      tok_s=f"{line['train/tokens_per_sec']:.0f}")
+      pending = []
+      last_log_time, last_log_step = time.time(), step
+
+    if every(tc.eval_every, step) or step == num_steps:
+      eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
+      last_log_time = time.time()   # keep eval time out of tokens/s
+
+    minutes = (time.time() - last_save_time) / 60
+    if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received
+        or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
+      save(step)
+      last_save_time = time.time()
+  bar.close()
+  manager.wait_until_finished()
+  manager.close()
+
+  if signals.received:
+    writer.close()
+    print(f"[train] {signals.received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
+          f"rerun the same command to resume")
+    return Outcome(str(workdir), step, interrupted=signals.received, eval=eval_result)
+
+  # ------------------------------------------------------------------------------------------------
+  # The end: test-set sacreBLEU with its signature, and a few sample translations.
+  # ------------------------------------------------------------------------------------------------
+  outcome = Outcome(str(workdir), step, eval=eval_result)
+  if eval_result is None:   # a finished run rerun: report again
+    eval_result = outcome.eval = evaluate(step, with_bleu=False)
+  if tc.test_bleu:
+    test_pairs = load_pairs(config.data, "test")
+    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode)
+    writer.write(step, {"test/bleu": bleu, "test/signature": signature})
+    outcome.test_bleu, outcome.test_signature = bleu, signature
+    outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
+  writer.close()
+  return outcome
