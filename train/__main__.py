@@ -12,7 +12,7 @@ import os
 import pathlib
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -25,6 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: the con
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config=... --workdir=...")
+  logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
   import jax
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
