@@ -54,7 +54,7 @@ class _Signals:
     self.received = None
     self._previous = {}
 
-  def __enter__(self):
+  def install(self) -> "_Signals":
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
         self._previous[sig] = signal.signal(sig, self._handle)
@@ -65,9 +65,10 @@ class _Signals:
   def _handle(self, signum, frame):
     self.received = signal.Signals(signum).name
 
-  def __exit__(self, *exc):
+  def restore(self) -> None:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    self._previous = {}
 
 
 def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
@@ -115,11 +116,11 @@ def train_and_evaluate(config, workdir) -> Outcome:
   """
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
-  with run_dir.RunLock(workdir), _Signals() as signals:
-    return _train(config, workdir, signals)
+  with run_dir.RunLock(workdir):
+    return _train(config, workdir)
 
 
-def _train(config, workdir: pathlib.Path, signals: _Signals) -> Outcome:
+def _train(config, workdir: pathlib.Path) -> Outcome:
   from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
   tc = config.train
 
@@ -244,38 +245,42 @@ def _train(config, workdir: pathlib.Path, signals: _Signals) -> Outcome:
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not tc.progress,
                   dynamic_ncols=True)
   step = start_step
-  while step < num_steps and signals.received is None:
-    batch = next(train_iter)
-    state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
-    pending.append(metrics)
-    step += 1
-    bar.update(1)
+  signals = _Signals().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
+  try:
+    while step < num_steps and signals.received is None:
+      batch = next(train_iter)
+      state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
+      pending.append(metrics)
+      step += 1
+      bar.update(1)
 
-    if every(tc.log_every, step) or step == num_steps:
-      check_finite(step)
-      host = jax.device_get(pending)
-      now = time.time()
-      line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
-      line["train/learning_rate"] = float(host[-1]["learning_rate"])
-      tokens = float(np.sum([float(m["tokens"]) for m in host]))
-      line["train/tokens"] = tokens
-      line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
-      line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
-      writer.write(step, line)
-      bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
-                      tok_s=f"{line['train/tokens_per_sec']:.0f}")
-      pending = []
-      last_log_time, last_log_step = time.time(), step
+      if every(tc.log_every, step) or step == num_steps:
+        check_finite(step)
+        host = jax.device_get(pending)
+        now = time.time()
+        line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
+        line["train/learning_rate"] = float(host[-1]["learning_rate"])
+        tokens = float(np.sum([float(m["tokens"]) for m in host]))
+        line["train/tokens"] = tokens
+        line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
+        line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
+        writer.write(step, line)
+        bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
+                        tok_s=f"{line['train/tokens_per_sec']:.0f}")
+        pending = []
+        last_log_time, last_log_step = time.time(), step
 
-    if every(tc.eval_every, step) or step == num_steps:
-      eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
-      last_log_time = time.time()   # keep eval time out of tokens/s
+      if every(tc.eval_every, step) or step == num_steps:
+        eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
+        last_log_time = time.time()   # keep eval time out of tokens/s
 
-    minutes = (time.time() - last_save_time) / 60
-    if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received
-        or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
-      save(step)
-      last_save_time = time.time()
+      minutes = (time.time() - last_save_time) / 60
+      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received
+          or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
+        save(step)
+        last_save_time = time.time()
+  finally:
+    signals.restore()
   bar.close()
   manager.wait_until_finished()
   manager.close()
