@@ -195,3 +195,10 @@ def test_place_batch_names_a_missing_key():
   del batch["tgt_positions"]
   with pytest.raises(KeyError, match="tgt_positions"):
     step_lib.place_batch(batch, mesh)
+
+
+def test_the_step_compiles_once_for_a_fixed_batch_shape():
+  mesh, _, state, _, train_step = setup(tiny_config())
+  for i in range(3):
+    state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(i))
+  assert train_step._cache_size() == 1
