@@ -1,0 +1,39 @@
+"""Text -> token batches: the embedded corpus, TFDS corpora and your own files, one shared vocabulary.
+
+    vocab = get_vocab(config.data, workdir)
+    train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)
+    dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
+"""
+from data.batching import BatchIterator, assemble, bucket_lengths, plan_buckets, rows_for, tokenize
+from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
+from data.vocab import Vocab, check_vocab, get_vocab
+
+
+def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):
+  """The infinite, resumable training iterator (see data.batching.BatchIterator)."""
+  pairs, origins = load_pairs_with_origins(data_config, "train")
+  src_ids, tgt_ids, _ = tokenize(vocab, pairs, origins, int(data_config.max_len), "config.data train")
+  return BatchIterator(src_ids, tgt_ids, max_len=int(data_config.max_len),
+                       batch_tokens=int(data_config.batch_tokens), row_multiple=row_multiple, seed=seed,
+                       pack=bool(data_config.pack), process_index=process_index,
+                       process_count=process_count)
+
+
+def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=0, process_count=1):
+  """Every pair exactly once, in length buckets, no shuffling and no length filter. A list of batches."""
+  src_ids, tgt_ids, _ = tokenize(vocab, pairs, what="eval")
+  longest = max(max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids))
+  max_len = max(int(data_config.max_len), -(-longest // 8) * 8)
+  multiple = row_multiple * process_count
+  out = []
+  for length, members in plan_buckets(src_ids, tgt_ids, max_len, int(data_config.batch_tokens), multiple,
+                                      rng=None):
+    rows = rows_for(length, int(data_config.batch_tokens), multiple)   # fixed shapes: bounded compiles
+    batch = assemble(src_ids, tgt_ids, length, members, rows, packed=False)
+    local = rows // process_count
+    out.append({k: v[process_index * local:(process_index + 1) * local] for k, v in batch.items()})
+  return out
+
+
+__all__ = ["BatchIterator", "DataError", "Vocab", "check_config", "check_vocab", "get_vocab", "load_pairs",
+           "make_eval_batches", "make_train_iterator"]

@@ -28,8 +28,11 @@ def get_config(arg=None):
       tfds_data_dir="",            # empty: tfds default (~/tensorflow_datasets)
       train_path="", dev_path="", test_path="",
       src_lang="en", tgt_lang="de",
-      vocab_size=2000,
-      vocab_sample_sentences=200_000,
+      synthetic_seed=0,            # the embedded corpus: generator seed and training-split size
+      synthetic_train_size=200_000,
+      vocab_size=4000,             # shared SentencePiece pieces (the paper: ~37,000 for EN-DE)
+      vocab_sample_sentences=200_000,  # seeded random sample of training sentences for the vocabulary
+      vocab_seed=0,
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
       batch_tokens=4096,           # target tokens per batch (the paper: ~25,000)
       pack=False,
@@ -69,7 +72,8 @@ def get_config(arg=None):
 
   if arg == "smoke":
     config.model.update(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
-    config.data.update(vocab_size=300, vocab_sample_sentences=2000, batch_tokens=256, max_len=32)
+    config.data.update(synthetic_train_size=2000, vocab_size=300, vocab_sample_sentences=2000,
+                       batch_tokens=256, max_len=32)
     config.train.update(num_steps=2, warmup_steps=10, log_every=1, eval_every=2, bleu_every=2,
                         checkpoint_every_steps=2)
   elif arg not in (None, ""):

@@ -1,0 +1,177 @@
+"""Token batches: length buckets under a token budget, or packed rows; deterministic and resumable.
+
+A batch is a dict of int32 numpy arrays [rows, length]:
+    src, src_segments, src_positions, tgt_in, tgt_out, tgt_segments, tgt_positions
+tgt_in is BOS + target and tgt_out is target + EOS, per pair (so in a packed row every segment starts with
+BOS, never with the previous segment's EOS). Segments number the pairs of a row from 1; 0 is padding.
+Padding rows (to keep shapes fixed) have all-zero segments and so carry no loss weight.
+
+Shapes come from a small fixed set (bucket lengths x rows per bucket, or one packed shape), so the jitted
+step compiles a bounded number of times.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tqdm
+
+from data.sources import report_skipped
+from data.vocab import BOS, EOS
+
+KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+
+
+def bucket_lengths(max_len: int) -> list[int]:
+  """8, 12, 16, 24, 32, 48, 64, ... up to max_len (always included)."""
+  out, length = [], 8
+  while length < max_len:
+    out += [n for n in (length, length * 3 // 2) if n < max_len]
+    length *= 2
+  return out + [max_len]
+
+
+def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str = "data"):
+  """Pairs of text -> (src_ids, tgt_ids, kept_indices); with max_len, longer pairs are skipped and counted.
+
+  src is the plain encoding; tgt gets room for BOS/EOS (its encoded length + 1 must fit max_len).
+  """
+  chunk = 20_000
+  src_ids, tgt_ids = [], []
+  for start in tqdm.trange(0, len(pairs), chunk, desc=f"tokenize {what}", disable=len(pairs) < 100_000,
+                           leave=False):
+    part = pairs[start:start + chunk]
+    src_ids += vocab.encode_batch([s for s, _ in part])
+    tgt_ids += vocab.encode_batch([t for _, t in part])
+  keep, too_long = [], []
+  for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+    if max_len and (len(s) > max_len or len(t) + 1 > max_len):
+      too_long.append(origins[i] if origins else f"pair {i}")
+    else:
+      keep.append(i)
+  report_skipped({f"longer than max_len={max_len} tokens": too_long} if too_long else {}, what)
+  if not keep:
+    raise ValueError(f"{what}: every pair is longer than config.data.max_len={max_len} tokens; "
+                     f"raise max_len")
+  return [np.asarray(src_ids[i], np.int32) for i in keep], [np.asarray(tgt_ids[i], np.int32) for i in keep], keep
+
+
+def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
+  return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in KEYS}
+
+
+def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):
+  """Writes one pair into a row at the given offsets."""
+  s, t = len(src), len(tgt) + 1
+  batch["src"][row, offset_src:offset_src + s] = src
+  batch["src_segments"][row, offset_src:offset_src + s] = segment
+  batch["src_positions"][row, offset_src:offset_src + s] = np.arange(s)
+  batch["tgt_in"][row, offset_tgt] = BOS
+  batch["tgt_in"][row, offset_tgt + 1:offset_tgt + t] = tgt
+  batch["tgt_out"][row, offset_tgt:offset_tgt + t - 1] = tgt
+  batch["tgt_out"][row, offset_tgt + t - 1] = EOS
+  batch["tgt_segments"][row, offset_tgt:offset_tgt + t] = segment
+  batch["tgt_positions"][row, offset_tgt:offset_tgt + t] = np.arange(t)
+
+
+def rows_for(length: int, batch_tokens: int, row_multiple: int) -> int:
+  """Rows of a batch of padded length `length` under the token budget, a multiple of row_multiple."""
+  return max(row_multiple, (batch_tokens // length) // row_multiple * row_multiple)
+
+
+def plan_buckets(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
+  """One epoch of bucketed batches: a list of (length, [pair indices]), each list at most rows long."""
+  lengths = bucket_lengths(max_len)
+  need = np.maximum([len(s) for s in src_ids], [len(t) + 1 for t in tgt_ids])
+  which = np.searchsorted(lengths, need)      # smallest bucket that fits
+  plan = []
+  for b, length in enumerate(lengths):
+    members = np.flatnonzero(which == b)
+    if rng is not None:
+      members = rng.permutation(members)
+    rows = rows_for(length, batch_tokens, row_multiple)
+    plan += [(length, members[i:i + rows].tolist()) for i in range(0, len(members), rows)]
+  if rng is not None:
+    plan = [plan[i] for i in rng.permutation(len(plan))]
+  return plan
+
+
+def plan_packed(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
+  """One epoch of packed batches: a list of (max_len, [[pair indices of a row], ...])."""
+  order = rng.permutation(len(src_ids)) if rng is not None else np.arange(len(src_ids))
+  rows, current, used_src, used_tgt = [], [], 0, 0
+  for i in order.tolist():
+    s, t = len(src_ids[i]), len(tgt_ids[i]) + 1
+    if current and (used_src + s > max_len or used_tgt + t > max_len):
+      rows.append(current)
+      current, used_src, used_tgt = [], 0, 0
+    current.append(i)
+    used_src, used_tgt = used_src + s, used_tgt + t
+  if current:
+    rows.append(current)
+  per_batch = rows_for(max_len, batch_tokens, row_multiple)
+  return [(max_len, rows[i:i + per_batch]) for i in range(0, len(rows), per_batch)]
+
+
+def assemble(src_ids, tgt_ids, length: int, members, rows: int, packed: bool) -> dict:
+  """Builds one batch of `rows` rows of `length` tokens from a plan entry."""
+  batch = _empty(rows, length, length)
+  for row, member in enumerate(members):
+    if packed:
+      offset_src = offset_tgt = 0
+      for segment, i in enumerate(member, 1):
+        _put(batch, row, offset_src, offset_tgt, segment, src_ids[i], tgt_ids[i])
+        offset_src, offset_tgt = offset_src + len(src_ids[i]), offset_tgt + len(tgt_ids[i]) + 1
+    else:
+      _put(batch, row, 0, 0, 1, src_ids[member], tgt_ids[member])
+  return batch
+
+
+class BatchIterator:
+  """Infinite iterator over training batches, reshuffled every epoch from (seed, epoch).
+
+  Its whole position is (epoch, index of the next batch in that epoch's plan), which get_state/set_state
+  save and restore, so a resumed run continues with exactly the batch it would have seen. Each process
+  keeps its own slice of every global batch's rows (process_index of process_count).
+  """
+
+  def __init__(self, src_ids, tgt_ids, *, max_len, batch_tokens, row_multiple, seed, pack=False,
+               process_index=0, process_count=1):
+    self.src_ids, self.tgt_ids = src_ids, tgt_ids
+    self.max_len, self.batch_tokens, self.seed, self.pack = max_len, batch_tokens, seed, pack
+    self.row_multiple = row_multiple * process_count
+    self.process_index, self.process_count = process_index, process_count
+    self.epoch, self.index = 0, 0
+    self._plan_epoch, self._plan = None, None
+
+  def _epoch_plan(self):
+    if self._plan_epoch != self.epoch:
+      rng = np.random.default_rng([self.seed, self.epoch])
+      plan_fn = plan_packed if self.pack else plan_buckets
+      self._plan = plan_fn(self.src_ids, self.tgt_ids, self.max_len, self.batch_tokens, self.row_multiple,
+                           rng)
+      self._plan_epoch = self.epoch
+    return self._plan
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    plan = self._epoch_plan()
+    if self.index >= len(plan):
+      self.epoch, self.index = self.epoch + 1, 0
+      plan = self._epoch_plan()
+    length, members = plan[self.index]
+    self.index += 1
+    rows = rows_for(length, self.batch_tokens, self.row_multiple)
+    batch = assemble(self.src_ids, self.tgt_ids, length, members, rows, self.pack)
+    local = rows // self.process_count
+    start = self.process_index * local
+    return {k: v[start:start + local] for k, v in batch.items()}
+
+  def get_state(self) -> dict:
+    return {"epoch": self.epoch, "index": self.index}
+
+  def set_state(self, state: dict) -> None:
+    self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+  def epoch_batches(self) -> int:
+    return len(self._epoch_plan())

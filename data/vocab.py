@@ -1,0 +1,99 @@
+"""One SentencePiece vocabulary shared by source and target (the paper shares one vocabulary).
+
+Ids: pad 0, unk 1, bos 2, eos 3. Trained once per run directory (workdir/vocab.model) on a seeded random
+sample of the training text, then reused on resume and by decoding.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pathlib
+import random
+
+import sentencepiece as spm
+
+VOCAB_FILE = "vocab.model"
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Vocab:
+  """A SentencePiece model with the ids this codebase relies on."""
+
+  def __init__(self, model_bytes: bytes, path: str = "<memory>"):
+    self.path = str(path)
+    self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    self.fingerprint = hashlib.sha256(model_bytes).hexdigest()[:16]
+    ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+    if ids != (PAD, UNK, BOS, EOS):
+      raise ValueError(f"{path}: SentencePiece ids (pad, unk, bos, eos) are {ids}, expected "
+                       f"{(PAD, UNK, BOS, EOS)}; train the vocabulary with data.vocab.train_vocab")
+
+  pad_id, unk_id, bos_id, eos_id = PAD, UNK, BOS, EOS
+
+  @classmethod
+  def load(cls, path) -> "Vocab":
+    path = pathlib.Path(path)
+    if not path.exists():
+      raise FileNotFoundError(f"vocabulary {path} does not exist")
+    return cls(path.read_bytes(), path)
+
+  @property
+  def size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Text -> ids, without bos or eos."""
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return self._sp.encode(texts, num_threads=os.cpu_count() or 1)
+
+  def decode(self, ids) -> str:
+    """Ids -> text; stops at the first eos and drops pad and bos."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS:
+        break
+      if i not in (PAD, BOS):
+        out.append(i)
+    return self._sp.decode(out)
+
+
+def check_vocab(vocab: Vocab, expected_fingerprint: str | None, where: str) -> None:
+  """Refuses a vocabulary that is not the one a checkpoint was trained with."""
+  if expected_fingerprint and vocab.fingerprint != expected_fingerprint:
+    raise ValueError(f"{vocab.path} (fingerprint {vocab.fingerprint}) is not the vocabulary {where} was "
+                     f"trained with (fingerprint {expected_fingerprint}); use that run's vocab.model")
+
+
+def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentences: int) -> bytes:
+  """Trains a unigram SentencePiece model on a seeded random sample of `texts`; returns its bytes."""
+  rng = random.Random(seed)
+  sample = texts if len(texts) <= sample_sentences else rng.sample(texts, sample_sentences)
+  print(f"[data] training a {vocab_size}-piece SentencePiece vocabulary on {len(sample)} sentences")
+  writer = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type="unigram",
+      character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
+      input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
+      minloglevel=2)
+  return writer.getvalue()
+
+
+def get_vocab(data_config, workdir) -> Vocab:
+  """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
+  path = pathlib.Path(workdir) / VOCAB_FILE
+  if path.exists():
+    return Vocab.load(path)
+  from data.sources import load_pairs
+  pairs = load_pairs(data_config, "train")
+  texts = [side for pair in pairs for side in pair]
+  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
+                      sample_sentences=int(data_config.vocab_sample_sentences))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_bytes(model)
+  os.replace(tmp, path)
+  return Vocab(model, path)
