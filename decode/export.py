@@ -204,7 +204,7 @@ def to_marian(params, cfg: TransformerConfig, vocab):
     if "embed_positions" in name:
       continue                        # Marian computes its own sinusoids
     key = name if name == "lm_head.weight" else f"model.{name}"
-    state[key] = torch.from_numpy(np.ascontiguousarray(array))
+    state[key] = torch.from_numpy(np.array(array, np.float32))   # writable copy
   if cfg.share_embeddings:
     state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
   missing, unexpected = model.load_state_dict(state, strict=False)
@@ -253,12 +253,14 @@ def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_
 # ----------------------------------------------------------------------------------------------------
 # CTranslate2.
 # ----------------------------------------------------------------------------------------------------
-def ctranslate2_spec(params, cfg: TransformerConfig, vocab, spm_path):
-  """Our params -> a ctranslate2 TransformerSpec with vocabularies and config filled in."""
+def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str]):
+  """Our params -> a ctranslate2 TransformerSpec with vocabularies and config filled in.
+
+  pieces: the token string of every id (CTranslate2 takes and returns token strings).
+  """
   from ctranslate2.specs import common_spec, transformer_spec
   check_exportable(cfg, "ctranslate2")
   w = neutral_weights(params, cfg)
-  pieces = _pieces(spm_path, vocab)
   spec = transformer_spec.TransformerSpec.from_config(
       (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.pre_norm,
       activation=common_spec.Activation.RELU)
@@ -309,6 +311,17 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, spm_path):
   return spec
 
 
+def save_ctranslate2(spec, out_dir, quantization: str | None = None) -> pathlib.Path:
+  """Validates `spec` and writes it as a CTranslate2 model directory (replacing `out_dir`)."""
+  from ctranslate2.converters.converter import Converter
+
+  class _FromSpec(Converter):
+    def _load(self):
+      return spec
+
+  return pathlib.Path(_FromSpec().convert(str(out_dir), quantization=quantization, force=True))
+
+
 def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
                        quantization: str | None = None) -> pathlib.Path:
   """Writes a CTranslate2 model directory (model.bin, config.json, vocabularies) plus the run's
@@ -316,14 +329,8 @@ def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
 
   `ctranslate2.Translator(out_dir)` loads it; it takes SentencePiece pieces as tokens.
   """
-  from ctranslate2.converters.converter import Converter
-  spec = ctranslate2_spec(params, cfg, vocab, spm_path)
-
-  class _FromSpec(Converter):
-    def _load(self):
-      return spec
-
-  out = pathlib.Path(_FromSpec().convert(str(out_dir), quantization=quantization, force=True))
+  spec = ctranslate2_spec(params, cfg, vocab, _pieces(spm_path, vocab))
+  out = save_ctranslate2(spec, out_dir, quantization)
   for name in ("source.spm", "target.spm"):
     shutil.copyfile(spm_path, out / name)
   return out
@@ -332,8 +339,11 @@ def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
 # ----------------------------------------------------------------------------------------------------
 # A run directory -> an export.
 # ----------------------------------------------------------------------------------------------------
-def load_run(workdir, checkpoint=None):
-  """(cfg, params, vocab, spm_path, run config, step) of a run, through the run-directory contracts."""
+def load_run(workdir, checkpoint=None, fmt: str | None = None):
+  """(cfg, params, vocab, spm_path, run config, step) of a run, through the run-directory contracts.
+
+  With `fmt`, the architecture is checked against that format before any checkpoint is read.
+  """
   from data.vocab import Vocab
   from train.checkpoint import load_params
   from train.config_io import load_run_config
@@ -343,6 +353,8 @@ def load_run(workdir, checkpoint=None):
     raise FileNotFoundError(f"{spm_path} not found: is {workdir!r} a run directory written by `python -m train`?")
   vocab = Vocab.load(spm_path)
   cfg = TransformerConfig(vocab_size=vocab.size, **config.model.to_dict())
+  if fmt is not None:
+    check_exportable(cfg, fmt)
   params, step = load_params(workdir, checkpoint)
   return cfg, params, vocab, spm_path, config, step
 
@@ -351,8 +363,7 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
   """Exports run `workdir` (checkpoint None = latest, a step, or 'averaged') to `fmt` in `out_dir`."""
   if fmt not in FORMATS:
     raise ValueError(f"--format {fmt!r}: use one of {FORMATS}")
-  cfg, params, vocab, spm_path, config, step = load_run(workdir, checkpoint)
-  check_exportable(cfg, fmt)
+  cfg, params, vocab, spm_path, config, step = load_run(workdir, checkpoint, fmt)
   if fmt == "hf":
     beam = config.decode.get("beam_size") if "decode" in config else None
     out = export_hf(params, cfg, vocab, spm_path, out_dir, beam_size=beam)

@@ -1,0 +1,430 @@
+"""Training and decoding throughput of our model beside PyTorch / Hugging Face and CTranslate2.
+
+    python -m benchmarks.throughput [--d_model 256 --num_layers 3 --num_heads 4 --d_ff 1024 --vocab 8000
+                                     --batch 32 --src_len 64 --tgt_len 64 --dtype float32|bfloat16]
+
+Everything runs in one process on the same machine, one system after another, each using both cores
+(XLA's default thread pool, torch.set_num_threads, CTranslate2 intra_threads). Times are medians over
+--repeats runs after --warmup runs; compile time (XLA) is reported separately. Peers that are not
+installed are reported as absent. Prints a table and writes benchmarks/results/throughput.json.
+
+- Training: target tokens/s of one optimizer step (Adam, label smoothing 0.1, dropout 0.1) on a batch of
+  --batch rows x --src_len source and --tgt_len target tokens: ours is train/step.py's jitted train_step;
+  the peer is the same step in PyTorch eager on the equivalent transformers.MarianMTModel. Our model FLOPs
+  per step (matmuls only, 3x the forward) over the step time, as a fraction of the float32 matmul peak
+  measured here (a large jnp.dot), is the utilisation.
+- Decoding: target tokens/s for greedy and beam 4 on --decode_batch sentences of --src_len tokens, with
+  exactly --decode_len generated tokens per sentence (eos suppressed by a minimum length), on one set of
+  random weights exported to the peers by decode/export.py.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model import Transformer, TransformerConfig
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "throughput.json"
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n")[0])
+  p.add_argument("--d_model", type=int, default=256)
+  p.add_argument("--num_layers", type=int, default=3, help="encoder and decoder layers each")
+  p.add_argument("--num_heads", type=int, default=4)
+  p.add_argument("--d_ff", type=int, default=1024)
+  p.add_argument("--vocab", type=int, default=8000)
+  p.add_argument("--batch", type=int, default=32, help="training rows")
+  p.add_argument("--src_len", type=int, default=64)
+  p.add_argument("--tgt_len", type=int, default=64)
+  p.add_argument("--decode_batch", type=int, default=16)
+  p.add_argument("--decode_len", type=int, default=64, help="generated tokens per sentence")
+  p.add_argument("--beam_size", type=int, default=4)
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="our compute dtype (parameters stay float32); peers always run float32")
+  p.add_argument("--threads", type=int, default=2, help="PyTorch and CTranslate2 threads")
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--skip", default="", help="comma list of parts to skip: train,decode,ours,torch,hf,ct2")
+  p.add_argument("--out", default=str(RESULTS))
+  return p.parse_args(argv)
+
+
+def interleaved(fns: dict, warmup: int, repeats: int) -> dict:
+  """Times several systems round-robin (so that load from other processes hits all of them alike).
+
+  fns: {name: zero-argument callable}. Returns {name: {'median_s', 'min_s', 'repeats'}}.
+  """
+  for fn in fns.values():
+    for _ in range(warmup):
+      fn()
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - start)
+  return {name: {"median_s": statistics.median(t), "min_s": min(t), "repeats": repeats}
+          for name, t in times.items()}
+
+
+def timed(fn, warmup: int, repeats: int) -> dict:
+  """Runs fn() warmup times, then repeats times; returns median/min seconds of the timed runs."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats}
+
+
+def model_config(args, dtype=None) -> TransformerConfig:
+  return TransformerConfig(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff,
+                           num_heads=args.num_heads, num_encoder_layers=args.num_layers,
+                           num_decoder_layers=args.num_layers, dropout_rate=0.1,
+                           max_len=max(256, args.src_len, args.tgt_len, args.decode_len + 1),
+                           dtype=dtype or args.dtype)
+
+
+def train_flops(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> float:
+  """Matmul FLOPs of one training step (forward + backward = 3x forward); elementwise work excluded."""
+  d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+  enc_token = 8 * d * d + 4 * d * f + 4 * src_len * d               # QKV+O, FFN, scores + weighted sum
+  dec_token = (8 * d * d + 4 * tgt_len * d                            # self-attention
+               + 4 * d * d + 4 * src_len * d                          # cross: Q, O, scores, weighted sum
+               + 4 * d * f)
+  cross_kv = 4 * d * d                                                # cross K, V per source token
+  forward = batch * (cfg.num_encoder_layers * enc_token * src_len
+                     + cfg.num_decoder_layers * (dec_token * tgt_len + cross_kv * src_len)
+                     + 2 * d * v * tgt_len)                           # output projection
+  return 3.0 * forward
+
+
+def random_batch(rng, rows: int, src_len: int, tgt_len: int, vocab: int) -> dict:
+  """An unpacked batch without padding, in the data/ batch contract."""
+  src = rng.integers(4, vocab, (rows, src_len)).astype(np.int32)
+  tgt = rng.integers(4, vocab, (rows, tgt_len)).astype(np.int32)
+  tgt_in = np.concatenate([np.full((rows, 1), BOS, np.int32), tgt[:, :-1]], axis=1)
+  tgt_out = np.concatenate([tgt[:, :-1], np.full((rows, 1), EOS, np.int32)], axis=1)
+  ones = lambda n: np.ones((rows, n), np.int32)
+  positions = lambda n: np.broadcast_to(np.arange(n, dtype=np.int32), (rows, n)).copy()
+  return {"src": src, "src_segments": ones(src_len), "src_positions": positions(src_len),
+          "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_segments": ones(tgt_len),
+          "tgt_positions": positions(tgt_len)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Matmul peak.
+# ----------------------------------------------------------------------------------------------------
+def matmul_peak(args, dtype) -> float:
+  """GFLOP/s of a large jitted jnp.dot in `dtype` (float32 accumulation)."""
+  n = 2048
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+  f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
+  t = timed(lambda: f(a).block_until_ready(), args.warmup, args.repeats)
+  return 2 * n ** 3 / t["median_s"] / 1e9
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training.
+# ----------------------------------------------------------------------------------------------------
+def train_ours(args, batch) -> dict:
+  """train/step.py's jitted step (Adam, label smoothing 0.1, dropout 0.1) on one device mesh."""
+  from experiments.default import get_config
+  from train import optimizer, schedules
+  from train import step as step_lib
+  config = get_config()
+  cfg = model_config(args)
+  model = Transformer(cfg)
+  schedule = schedules.make_schedule(config.train, cfg.d_model)
+  tx = optimizer.make_optimizer(config.train, schedule)
+  mesh = step_lib.make_mesh(jax.devices()[:1])
+  state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
+  step_fn = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1)
+  placed = step_lib.place_batch(batch, mesh)
+  key = jax.random.key(1)
+  start = time.perf_counter()
+  compiled = step_fn.lower(state, placed, key).compile()
+  compile_s = time.perf_counter() - start
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = compiled(holder["state"], placed, key)
+    jax.block_until_ready(metrics["loss"])
+  xla = compiled.cost_analysis()
+  xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+  return run, {"compile_s": compile_s, "xla_flops": float(xla.get("flops", 0.0)) if xla else None}
+
+
+def train_torch(args, batch) -> dict:
+  """The same step in PyTorch eager on transformers' MarianMTModel (Adam, label smoothing, dropout)."""
+  import torch
+  from transformers import MarianConfig, MarianMTModel
+  torch.set_num_threads(args.threads)
+  torch.manual_seed(0)
+  cfg = model_config(args, "float32")
+  model = MarianMTModel(MarianConfig(
+      vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.num_encoder_layers,
+      decoder_layers=cfg.num_decoder_layers, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+      encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
+      activation_function="relu", scale_embedding=True, dropout=0.1, max_position_embeddings=cfg.max_len,
+      pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None))
+  model.train()
+  opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+  loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=PAD, reduction="sum")
+  src = torch.from_numpy(batch["src"]).long()
+  tgt_in = torch.from_numpy(batch["tgt_in"]).long()
+  tgt_out = torch.from_numpy(batch["tgt_out"]).long()
+  mask = src != PAD
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits
+    loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1)) / (tgt_out != PAD).sum()
+    loss.backward()
+    opt.step()
+  return run, {}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decoding.
+# ----------------------------------------------------------------------------------------------------
+def decode_ours(args, params, src) -> dict:
+  """decode/'s beam search and greedy through the model's cached decode_step, min_len = max_len."""
+  from decode.beam_search import beam_search
+  from decode import sampling
+  cfg = model_config(args)
+  model = Transformer(cfg)
+  n = args.decode_len
+  results = {}
+
+  def searcher(beam):
+    def run(params, src):
+      enc_out = model.apply({"params": params}, src, method="encode")
+      cross = model.apply({"params": params}, enc_out, method="cross_kv")
+      src_mask = src != PAD
+      rows = src.shape[0]
+
+      def tokens_to_logits(ids, cache):
+        logits, layers = model.apply({"params": params}, ids, cache["self"], cross, src_mask,
+                                     method="decode_step")
+        return logits, {"self": layers}
+      # The self-attention cache has one row per hypothesis; beam_search tiles [rows] leaves.
+      cache = {"self": init_cache_for(cfg, rows, n)}
+      if beam == 1:
+        return sampling.greedy(tokens_to_logits, cache, batch_size=rows, max_len=n, eos_id=EOS,
+                               bos_id=BOS, min_len=n)
+      return beam_search(tokens_to_logits, cache, batch_size=rows, beam_size=beam, max_len=n,
+                         eos_id=EOS, bos_id=BOS, alpha=0.6, min_len=n)
+    return jax.jit(run)
+
+  src = jnp.asarray(src)
+  for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
+    fn = searcher(beam)
+    start = time.perf_counter()
+    compiled = fn.lower(params, src).compile()
+    compile_s = time.perf_counter() - start
+    t = timed(lambda: jax.block_until_ready(compiled(params, src)), args.warmup, args.repeats)
+    t["compile_s"] = compile_s
+    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
+    results[name] = t
+  return results
+
+
+def init_cache_for(cfg, rows, n):
+  from model import init_cache
+  return init_cache(cfg, batch_size=rows, max_len=n)
+
+
+def decode_hf(args, hf_model, src) -> dict:
+  import torch
+  torch.set_num_threads(args.threads)
+  n = args.decode_len
+  ids = torch.from_numpy(src).long()
+  mask = ids != PAD
+  results = {}
+  for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
+    def run():
+      with torch.inference_mode():
+        out = hf_model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
+                                min_new_tokens=n, max_new_tokens=n, early_stopping=False,
+                                length_penalty=0.6)
+      assert out.shape[1] == n + 1, out.shape          # decoder start + n tokens
+    t = timed(run, 1, max(3, args.repeats // 2))
+    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
+    results[name] = t
+  return results
+
+
+def decode_ct2(args, model_dir, src, pieces) -> dict:
+  import ctranslate2
+  n = args.decode_len
+  translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type="float32",
+                                      intra_threads=args.threads, inter_threads=1)
+  tokens = [[pieces[i] for i in row] for row in src]
+  results = {}
+  for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
+    def run():
+      out = translator.translate_batch(tokens, beam_size=beam, length_penalty=0.6,
+                                       min_decoding_length=n, max_decoding_length=n,
+                                       max_batch_size=0)
+      assert len(out[0].hypotheses[0]) == n, len(out[0].hypotheses[0])
+    t = timed(run, args.warmup, args.repeats)
+    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
+    results[name] = t
+  return results
+
+
+# ----------------------------------------------------------------------------------------------------
+# Driver.
+# ----------------------------------------------------------------------------------------------------
+def _absent(error) -> dict:
+  return {"absent": f"{type(error).__name__}: {str(error)[:200]}"}
+
+
+def _run_part(fn, *a):
+  try:
+    return fn(*a)
+  except ImportError as error:      # a peer that is not installed is reported, not skipped silently
+    return _absent(error)
+
+
+def machine() -> dict:
+  cpu = platform.processor()
+  try:
+    for line in open("/proc/cpuinfo"):
+      if line.startswith("model name"):
+        cpu = line.split(":", 1)[1].strip()
+        break
+  except OSError:
+    pass
+  versions = {"python": platform.python_version(), "jax": jax.__version__}
+  for name in ("torch", "transformers", "ctranslate2"):
+    try:
+      versions[name] = __import__(name).__version__
+    except ImportError:
+      versions[name] = "absent"
+  return {"cpu": cpu, "cores": os.cpu_count(), "devices": str(jax.devices()),
+          "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions}
+
+
+def table(report: dict) -> str:
+  rows = []
+  tr = report.get("train", {})
+  peak = report["matmul_peak_gflops"]["float32"]
+  rows.append(("train", "system", "tokens/s", "vs torch", "note"))
+  torch_tps = tr.get("torch", {}).get("tokens_per_s")
+  for name in ("ours", "torch"):
+    r = tr.get(name)
+    if r is None:
+      continue
+    if "absent" in r:
+      rows.append(("train", name, "absent", "", r["absent"][:60]))
+      continue
+    ratio = f"{r['tokens_per_s'] / torch_tps:.2f}x" if torch_tps else ""
+    note = ""
+    if name == "ours":
+      note = (f"{r['gflops']:.1f} GFLOP/s = {100 * r['gflops'] / peak:.0f}% of f32 peak {peak:.0f}; "
+              f"compile {r['compile_s']:.1f} s; {report['dtype']}")
+    rows.append(("train", name, f"{r['tokens_per_s']:.0f}", ratio, note))
+  dec = report.get("decode", {})
+  for mode in ("greedy", f"beam{report['args']['beam_size']}"):
+    base = {k: dec.get(k, {}).get(mode, {}).get("tokens_per_s") for k in ("ct2", "hf")}
+    for name in ("ours", "ct2", "hf"):
+      r = dec.get(name)
+      if r is None:
+        continue
+      if "absent" in r:
+        rows.append((f"decode {mode}", name, "absent", "", r["absent"][:60]))
+        continue
+      m = r[mode]
+      ratios = " ".join(f"{m['tokens_per_s'] / v:.2f}x {k}" for k, v in base.items() if v and k != name)
+      note = f"compile {m['compile_s']:.1f} s" if "compile_s" in m else ""
+      rows.append((f"decode {mode}", name, f"{m['tokens_per_s']:.0f}", ratios, note))
+  widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  skip = set(filter(None, args.skip.split(",")))
+  rng = np.random.default_rng(0)
+  report = {"machine": machine(), "args": vars(args), "dtype": args.dtype,
+            "matmul_peak_gflops": {"float32": matmul_peak(args, jnp.float32),
+                                   "bfloat16": matmul_peak(args, jnp.bfloat16)}}
+  print(f"matmul peak: {report['matmul_peak_gflops']}", file=sys.stderr)
+
+  if "train" not in skip:
+    batch = random_batch(rng, args.batch, args.src_len, args.tgt_len, args.vocab)
+    tokens = args.batch * args.tgt_len
+    flops = train_flops(model_config(args), args.batch, args.src_len, args.tgt_len)
+    report["train"] = {"model_flops_per_step": flops, "target_tokens_per_step": tokens}
+    parts = {"ours": train_ours} if "ours" not in skip else {}
+    if "torch" not in skip:
+      parts["torch"] = train_torch
+    runs = {}
+    for name, fn in parts.items():
+      try:
+        runs[name], report["train"][name] = fn(args, batch)
+      except ImportError as error:
+        report["train"][name] = _absent(error)
+    for name, r in interleaved(runs, args.warmup, args.repeats).items():
+      r.update(report["train"][name], tokens_per_s=tokens / r["median_s"], gflops=flops / r["median_s"] / 1e9)
+      report["train"][name] = r
+      print(f"train {name}: {r}", file=sys.stderr)
+
+  if "decode" not in skip:
+    cfg = model_config(args, "float32")
+    src = rng.integers(4, args.vocab, (args.decode_batch, args.src_len)).astype(np.int32)
+    ids = jnp.ones((1, 2), jnp.int32)
+    params = Transformer(cfg).init({"params": jax.random.key(2)}, ids, ids)["params"]
+    report["decode"] = {}
+    if "ours" not in skip:
+      report["decode"]["ours"] = _run_part(decode_ours, args, params, src)
+      print(f"decode ours: {report['decode']['ours']}", file=sys.stderr)
+    import types
+    vocab = types.SimpleNamespace(pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, size=args.vocab)
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, args.vocab)]
+    if "ct2" not in skip:
+      def ct2_part():
+        import tempfile
+        import ctranslate2  # noqa: F401  (absent peer -> ImportError here)
+        from decode import export
+        with tempfile.TemporaryDirectory() as tmp:
+          out = export.save_ctranslate2(export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
+          return decode_ct2(args, out, src, pieces)
+      report["decode"]["ct2"] = _run_part(ct2_part)
+      print(f"decode ct2: {report['decode']['ct2']}", file=sys.stderr)
+    if "hf" not in skip:
+      def hf_part():
+        from decode import export
+        return decode_hf(args, export.to_marian(params, cfg, vocab), src)
+      report["decode"]["hf"] = _run_part(hf_part)
+      print(f"decode hf: {report['decode']['hf']}", file=sys.stderr)
+
+  text = table(report)
+  report["table"] = text
+  print(f"\n{report['machine']['cpu']}, {report['machine']['cores']} cores, {report['machine']['date']}")
+  print(text)
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()
