@@ -159,6 +159,7 @@ def test_greedy_is_identical_in_ours_hf_and_ctranslate2(run):
   results = translator.translate_batch([[vocab._sp.id_to_piece(int(i)) for i in r if i] for r in src],
                                        beam_size=1, max_decoding_length=MAX_NEW, return_end_token=True)
   ct2 = [[id_of[p] for p in r.hypotheses[0]] for r in results]
+  assert len({tuple(r) for r in ours}) > 1 and max(len(r) for r in ours) > 3, ours   # not degenerate
   assert ours == hf, (ours, hf)
   assert ours == ct2, (ours, ct2)
 
