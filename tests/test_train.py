@@ -19,8 +19,10 @@ from train.train import TIMING_KEYS, NonFiniteError, train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
+# No BLEU, no progress bar, no TensorBoard, no periodic dev eval (the smoke config evaluates every 2 steps),
+# and evals on 64 dev pairs.
 QUIET = {"train.test_bleu": False, "train.bleu_every": 0, "train.progress": False,
-         "train.tensorboard": False}
+         "train.tensorboard": False, "train.eval_every": 0, "train.dev_sentences": 64}
 
 
 def smoke_config(**overrides):

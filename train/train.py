@@ -87,19 +87,16 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
 
 
 def _evaluate(eval_fn, params, batches, mesh) -> dict:
-  """Dev loss/ppl/accuracy over a list of host batches (sums on device, one fetch at the end)."""
-  sums = None
-  for batch in batches:
-    out = eval_fn(params, step_lib.place_batch(batch, mesh))
-    sums = out if sums is None else jax.tree_util.tree_map(jnp.add, sums, out)
-  return step_lib.finish_eval(jax.device_get(sums))
+  """Dev loss/ppl/accuracy over a list of host batches (one device-to-host fetch at the end)."""
+  outs = jax.device_get([eval_fn(params, step_lib.place_batch(batch, mesh)) for batch in batches])
+  sums = {key: float(np.sum([np.float64(out[key]) for out in outs])) for key in outs[0]}
+  return step_lib.finish_eval(sums)
 
 
-def _bleu(model, params, vocab, pairs, decode_config, limit: int = 0):
+def _bleu(model, params, vocab, pairs, decode_config):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
   from decode.bleu import sacrebleu_score
   from decode.translate import translate
-  pairs = pairs[:limit] if limit else pairs
   host_params = jax.device_put(params, jax.local_devices()[0])
   hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
                    alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
@@ -146,6 +143,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
                                    process_index=jax.process_index(), process_count=jax.process_count())
   dev_pairs = load_pairs(config.data, "dev")
+  dev_pairs = dev_pairs[:tc.dev_sentences] if tc.dev_sentences else dev_pairs
   dev_batches = make_eval_batches(config.data, vocab, dev_pairs, row_multiple=num_devices)
 
   # ------------------------------------------------------------------------------------------------
@@ -228,7 +226,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     result["eval/seconds"] = time.time() - t0
     if with_bleu:
       t0 = time.time()
-      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode, tc.bleu_dev_sentences)
+      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode)
       result["eval/bleu"] = bleu
       result["eval/bleu_seconds"] = time.time() - t0
     writer.write(step, result)
