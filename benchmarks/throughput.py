@@ -204,13 +204,21 @@ def train_torch(args, batch) -> dict:
 # Decoding.
 # ----------------------------------------------------------------------------------------------------
 def decode_ours(args, params, src) -> dict:
-  """decode/'s beam search and greedy through the model's cached decode_step, min_len = max_len."""
-  from decode.beam_search import beam_search
-  from decode import sampling
+  """decode/'s greedy and beam search through the model's cached decode_step, with min_len = max_len.
+
+  Until decode/ provides them, greedy is a lax.scan over decode_step (eos masked) and beam is absent.
+  """
   cfg = model_config(args)
   model = Transformer(cfg)
   n = args.decode_len
-  results = {}
+  try:
+    from decode.beam_search import beam_search
+  except ImportError as error:
+    beam_search, missing = None, error
+  try:
+    from decode.sampling import greedy
+  except ImportError:
+    greedy = None
 
   def searcher(beam):
     def run(params, src):
@@ -223,17 +231,22 @@ def decode_ours(args, params, src) -> dict:
         logits, layers = model.apply({"params": params}, ids, cache["self"], cross, src_mask,
                                      method="decode_step")
         return logits, {"self": layers}
-      # The self-attention cache has one row per hypothesis; beam_search tiles [rows] leaves.
-      cache = {"self": init_cache_for(cfg, rows, n)}
-      if beam == 1:
-        return sampling.greedy(tokens_to_logits, cache, batch_size=rows, max_len=n, eos_id=EOS,
-                               bos_id=BOS, min_len=n)
-      return beam_search(tokens_to_logits, cache, batch_size=rows, beam_size=beam, max_len=n,
-                         eos_id=EOS, bos_id=BOS, alpha=0.6, min_len=n)
+      cache = {"self": init_cache_for(cfg, rows, n)}     # [rows] leaves; the search tiles them per beam
+      if beam == 1 and greedy is not None:
+        return greedy(tokens_to_logits, cache, batch_size=rows, max_len=n, eos_id=EOS, bos_id=BOS,
+                      min_len=n)
+      if beam_search is not None:
+        return beam_search(tokens_to_logits, cache, batch_size=rows, beam_size=beam, max_len=n,
+                           eos_id=EOS, bos_id=BOS, alpha=0.6 if beam > 1 else 0.0, min_len=n)
+      return scan_greedy(tokens_to_logits, cache, rows, n)
     return jax.jit(run)
 
   src = jnp.asarray(src)
+  results = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
+    if beam > 1 and beam_search is None:
+      results[name] = _absent(missing)
+      continue
     fn = searcher(beam)
     start = time.perf_counter()
     compiled = fn.lower(params, src).compile()
@@ -241,8 +254,22 @@ def decode_ours(args, params, src) -> dict:
     t = timed(lambda: jax.block_until_ready(compiled(params, src)), args.warmup, args.repeats)
     t["compile_s"] = compile_s
     t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
+    t["search"] = ("decode.sampling.greedy" if beam == 1 and greedy is not None else
+                   "decode.beam_search" if beam_search is not None else "lax.scan over decode_step")
     results[name] = t
   return results
+
+
+def scan_greedy(tokens_to_logits, cache, rows: int, n: int):
+  """Exactly n greedy tokens per row (eos masked out): a lax.scan over the cached decoder step."""
+  def body(carry, _):
+    ids, cache = carry
+    logits, cache = tokens_to_logits(ids, cache)                       # [rows, vocab]
+    ids = jnp.argmax(logits.at[:, EOS].set(-jnp.inf), axis=-1).astype(jnp.int32)
+    return (ids, cache), ids
+  start = jnp.full((rows,), BOS, jnp.int32)
+  _, out = jax.lax.scan(body, (start, cache), None, length=n)
+  return out.T                                                         # [rows, n]
 
 
 def init_cache_for(cfg, rows, n):
@@ -352,8 +379,11 @@ def table(report: dict) -> str:
         rows.append((f"decode {mode}", name, "absent", "", r["absent"][:60]))
         continue
       m = r[mode]
+      if "absent" in m:
+        rows.append((f"decode {mode}", name, "absent", "", m["absent"][:60]))
+        continue
       ratios = " ".join(f"{m['tokens_per_s'] / v:.2f}x {k}" for k, v in base.items() if v and k != name)
-      note = f"compile {m['compile_s']:.1f} s" if "compile_s" in m else ""
+      note = f"compile {m['compile_s']:.1f} s; {m['search']}" if "compile_s" in m else ""
       rows.append((f"decode {mode}", name, f"{m['tokens_per_s']:.0f}", ratios, note))
   widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
   return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
