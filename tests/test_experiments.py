@@ -1,0 +1,152 @@
+"""Every experiment file loads for each of its args, locked; any key can be overridden on the command
+line and a misspelled one is an error; the paper's settings are what PAPER.md says; every smoke variant
+trains two steps.
+"""
+import importlib.util
+import math
+import pathlib
+
+import ml_collections
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from model.config import TransformerConfig, num_params
+from train import config_io, metrics_io
+from train.train import train_and_evaluate
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FILES = sorted(p for p in (ROOT / "experiments").glob("*.py") if p.name != "__init__.py")
+# Files whose every key must be overridable from the command line (default.py's d_k/d_v are plain None).
+TYPED = ("wmt14_ende", "wmt14_enfr", "table3")
+QUIET = {"train.test_bleu": False, "train.bleu_every": 0, "train.progress": False,
+         "train.tensorboard": False, "train.eval_every": 0, "train.dev_sentences": 8, "train.num_steps": 2}
+
+
+def _module(path):
+  spec = importlib.util.spec_from_file_location(f"_test_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _args(path):
+  return tuple(getattr(_module(path), "ARGS", (None, "smoke")))   # default.py: '' and 'smoke'
+
+
+def _leaves(config, prefix=""):
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def _parse_flags(spec, *overrides):
+  """Parses a command line the way train/__main__.py does; returns the ConfigDict."""
+  argv = ["train", f"--config={spec}", *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "experiment", flag_values=values, lock_config=True,
+                                  sys_argv=argv)   # it scans argv for the --config.* names to define
+  values(argv)
+  return values.config
+
+
+# ------------------------------------------------------------------------------------------------------
+def test_the_experiments_are_there():
+  assert {p.stem for p in FILES} >= {"default", "wmt14_ende", "wmt14_enfr", "table3"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_arg_loads_locked_and_unknown_args_fail(path):
+  args = _args(path)
+  assert "smoke" in args, f"{path.name}: every experiment has a smoke variant"
+  for arg in args:
+    spec = f"{path}:{arg}" if arg else str(path)
+    config = config_io.load_experiment(spec)
+    for section in ("model", "data", "train", "decode"):
+      assert section in config, (spec, section)
+    TransformerConfig(vocab_size=100, **config.model.to_dict())   # the model section is valid
+    with pytest.raises((AttributeError, KeyError)):
+      config.train.num_stepz = 1                                   # locked: no new keys
+  with pytest.raises(ValueError, match="unknown arg"):
+    _module(path).get_config("no_such_arg")
+
+
+@pytest.mark.parametrize("name", TYPED)
+def test_every_key_overrides_from_the_command_line(name):
+  spec = f"{ROOT / 'experiments' / name}.py:smoke"
+  base = config_io.load_experiment(spec)
+  overrides, expected = [], {}
+  for key, value in _leaves(base):
+    new = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.5,
+           str: lambda v: v + "x", type(None): lambda v: 16}[type(value)](value)
+    overrides.append(f"--config.{key}={new}")
+    expected[key] = new
+  config = _parse_flags(spec, *overrides)
+  got = dict(_leaves(config))
+  for key, value in expected.items():
+    assert got[key] == value, key
+  # A misspelled key is an error on the command line and in config_io.
+  with pytest.raises(Exception, match="num_encoder_layerz"):
+    _parse_flags(spec, "--config.model.num_encoder_layerz=4")
+  with pytest.raises(KeyError, match="num_encoder_layerz"):
+    config_io.apply_overrides(base, {"model.num_encoder_layerz": 4})
+
+
+def test_the_paper_settings():
+  """The numbers in PAPER.md's "Training and decoding setup"."""
+  ende = {arg: config_io.load_experiment(f"{ROOT}/experiments/wmt14_ende.py:{arg}") for arg in ("base", "big")}
+  enfr = {arg: config_io.load_experiment(f"{ROOT}/experiments/wmt14_enfr.py:{arg}") for arg in ("base", "big")}
+  for c in (*ende.values(), *enfr.values()):
+    assert c.data.source == "tfds" and c.data.src_lang == "en" and c.data.batch_tokens == 25_000
+    assert (c.train.schedule, c.train.warmup_steps, c.train.label_smoothing) == ("paper", 4000, 0.1)
+    assert (c.train.adam_b1, c.train.adam_b2, c.train.adam_eps) == (0.9, 0.98, 1e-9)
+    assert c.train.checkpoint_every_minutes == 10.0
+    assert (c.decode.beam_size, c.decode.alpha, c.decode.max_extra_len) == (4, 0.6, 50)
+  for c in ende.values():
+    assert (c.data.tfds_name, c.data.tgt_lang, c.data.vocab_size) == ("wmt14_translate/de-en", "de", 37_000)
+  for c in enfr.values():
+    assert (c.data.tfds_name, c.data.tgt_lang, c.data.vocab_size) == ("wmt14_translate/fr-en", "fr", 32_000)
+  for langs in (ende, enfr):
+    base, big = langs["base"], langs["big"]
+    assert (base.model.d_model, base.model.d_ff, base.model.num_heads, base.model.num_encoder_layers,
+            base.model.dropout_rate) == (512, 2048, 8, 6, 0.1)
+    assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
+    assert (base.train.num_steps, big.train.num_steps) == (100_000, 300_000)
+    assert (base.train.keep_checkpoints, big.train.keep_checkpoints) == (5, 20)
+  assert ende["big"].model.dropout_rate == 0.3 and enfr["big"].model.dropout_rate == 0.1
+
+
+def test_table3_declares_every_row_with_the_papers_numbers():
+  path = ROOT / "experiments" / "table3.py"
+  module = _module(path)
+  trials = []
+  module.sweep(lambda name, **overrides: trials.append((name, overrides)))
+  names = [name for name, _ in trials]
+  assert len(names) == len(set(names)) == 20 and set(names) == set(module.PAPER)
+  for name, overrides in trials:
+    config = config_io.apply_overrides(config_io.load_experiment(str(path)), overrides)
+    count = num_params(TransformerConfig(vocab_size=37_000, **config.model.to_dict()))
+    published = module.PAPER[name]["params_m"]
+    if published:   # PAPER.md: exact counts are within ~7% of the rounded published ones
+      assert abs(count / 1e6 - published) / published < 0.08, (name, count, published)
+  changed = dict(trials)
+  assert changed["A_h1"] == {"model.num_heads": 1, "model.d_k": 512, "model.d_v": 512}
+  assert changed["B_dk16"]["model.d_v"] == 64
+  assert changed["D_ls0.2"] == {"train.label_smoothing": 0.2}
+  assert changed["big"]["train.num_steps"] == 300_000 and changed["big"]["model.dropout_rate"] == 0.3
+  smoke = []
+  module.sweep(lambda name, **overrides: smoke.append(name), "smoke")
+  assert len(smoke) == 2
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_smoke_variant_trains_two_steps(path, tmp_path):
+  config = config_io.apply_overrides(config_io.load_experiment(f"{path}:smoke"), QUIET)
+  assert config.data.source == "synthetic", "smoke variants run offline on the embedded corpus"
+  outcome = train_and_evaluate(config, tmp_path)
+  assert outcome.step == 2 and outcome.interrupted is None
+  losses = [line["train/loss"] for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
+  assert losses and all(math.isfinite(loss) for loss in losses)
+  assert math.isfinite(outcome.eval["eval/loss"])

@@ -1,0 +1,454 @@
+"""`python -m train.sweep`: run every trial of an experiment's sweep, each as its own run directory.
+
+    python -m train.sweep --config experiments/table3.py --workdir runs/table3 [--parallel N] \\
+        [--only base,C_N2] [--config.data.tfds_data_dir=DIR ...]
+
+The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (arg: the ':arg' of
+--config), calling `add(name=..., **{'model.num_heads': 1, ...})` once per trial. Trial NAME runs as
+
+    python -m train --config FILE[:arg] --workdir DIR/NAME [--config.k=v shared by all] --config.k=v ...
+
+with its output in DIR/NAME/sweep.log. Rerunning the command skips trials with a DONE marker, resumes
+interrupted ones (the trainer resumes from its checkpoints) and retries failed ones. A failed trial is
+recorded (status FAILED, its log) and the others go on. At the end the runner writes DIR/results.csv,
+DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper's numbers when the
+experiment file has a PAPER dict keyed by trial name) and prints where they are.
+
+Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop; rerun to go on.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib.util
+import inspect
+import json
+import math
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from train import config_io
+from train import metrics_io
+
+DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
+STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
+LOG = "sweep.log"              # per trial: the trainer's stdout and stderr
+_NAME = re.compile(r"^[A-Za-z0-9_.+=-]+$")
+
+
+@dataclasses.dataclass
+class Trial:
+  name: str
+  overrides: dict               # dotted key -> value, e.g. {'model.num_heads': 1}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Declaring trials.
+# ------------------------------------------------------------------------------------------------------
+def load_module(path: str):
+  """Imports an experiment file by path (like config_io.load_experiment) and returns the module."""
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(f"experiment file {path!r} does not exist; pass e.g. experiments/table3.py")
+  spec = importlib.util.spec_from_file_location(f"_sweep_{file.stem}", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _default_name(overrides: dict) -> str:
+  return ",".join(f"{key.split('.')[-1]}={value}" for key, value in overrides.items()) or "default"
+
+
+def declared_trials(config_spec: str, shared=()) -> tuple[list[Trial], dict]:
+  """Trials declared by the experiment file's sweep(add[, arg]), checked against its locked config.
+
+  Returns (trials, paper): paper is the file's PAPER dict ({trial name: {'ppl', 'bleu', ...}}) or {}.
+  Raises ValueError naming the file and trial for a missing sweep function, a bad or duplicate name, or
+  an override of a key that does not exist (config_io.apply_overrides names the key).
+  """
+  path, _, arg = config_spec.partition(":")
+  module = load_module(path)
+  if not hasattr(module, "sweep"):
+    raise ValueError(f"{path} has no sweep(add) function; add one that calls add(name=..., **overrides) "
+                     f"per trial (see experiments/table3.py)")
+  trials = []
+
+  def add(name=None, **overrides):
+    name = name or _default_name(overrides)
+    if not _NAME.match(name):
+      raise ValueError(f"{path}: trial name {name!r} must be letters, digits and _ . + = - (it names a "
+                       f"directory)")
+    if any(t.name == name for t in trials):
+      raise ValueError(f"{path}: two trials are named {name!r}; give each add() a unique name=")
+    trials.append(Trial(name, dict(overrides)))
+
+  takes_arg = len(inspect.signature(module.sweep).parameters) >= 2
+  module.sweep(add, arg or None) if takes_arg else module.sweep(add)
+  if not trials:
+    raise ValueError(f"{path}: sweep() declared no trials")
+  for trial in trials:
+    config = config_io.load_experiment(config_spec)
+    try:
+      config_io.apply_overrides(config, list(shared))
+      config_io.apply_overrides(config, trial.overrides)
+    except (KeyError, TypeError, ValueError) as error:
+      raise ValueError(f"{path}: trial {trial.name!r}: {error}") from error
+    for key, value in trial.overrides.items():
+      if value is None:
+        raise ValueError(f"{path}: trial {trial.name!r} sets {key}=None, which the command line cannot "
+                         f"express; leave the key out to keep the experiment's default")
+  return trials, dict(getattr(module, "PAPER", {}) or {})
+
+
+TRAINER = (sys.executable, "-m", "train")
+
+
+def trial_command(config_spec: str, trial_dir: pathlib.Path, shared, overrides: dict,
+                  trainer=TRAINER) -> list[str]:
+  """The `python -m train ...` command line of one trial (trainer: the command before the flags)."""
+  path, sep, arg = config_spec.partition(":")
+  flags = [f"--config.{key}={value}" for key, value in overrides.items()]
+  return [*trainer, f"--config={os.path.abspath(path)}{sep}{arg}",
+          f"--workdir={trial_dir}", "--config.train.progress=False", *[f"--{s}" for s in shared], *flags]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Per-trial state on disk.
+# ------------------------------------------------------------------------------------------------------
+def read_status(trial_dir: pathlib.Path) -> dict:
+  """DIR/NAME/sweep_status.json as a dict (status 'pending' if the trial never started)."""
+  path = trial_dir / STATUS
+  if not path.exists():
+    return {"status": "pending", "seconds": 0.0}
+  return json.loads(path.read_text())
+
+
+def write_status(trial_dir: pathlib.Path, **fields) -> None:
+  status = read_status(trial_dir)
+  status.update(fields)
+  tmp = trial_dir / (STATUS + ".tmp")
+  tmp.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+  tmp.replace(trial_dir / STATUS)
+
+
+def reached_end(trial_dir: pathlib.Path) -> bool:
+  """True if the run's metrics reach its config's num_steps (an exit 0 after SIGTERM does not)."""
+  try:
+    target = int(config_io.load_run_config(trial_dir).train.num_steps)
+    steps = [line["step"] for line in metrics_io.read_metrics(trial_dir)]
+  except (FileNotFoundError, ValueError, KeyError):
+    return False
+  return bool(steps) and max(steps) >= target
+
+
+# ------------------------------------------------------------------------------------------------------
+# Running.
+# ------------------------------------------------------------------------------------------------------
+class _Running:
+  def __init__(self, trial: Trial, process: subprocess.Popen, log, trial_dir: pathlib.Path):
+    self.trial, self.process, self.log, self.dir = trial, process, log, trial_dir
+    self.start = time.time()
+
+
+def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
+              poll_seconds: float = 0.5, out=sys.stdout, trainer=TRAINER) -> dict:
+  """Runs the trials of config_spec's sweep under workdir; returns {trial name: final status}.
+
+  shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
+  trainer: the command that trains one trial (tests substitute a fast fake).
+  Writes the results table and plot at the end, also after an interruption.
+  """
+  from train.run_dir import RunDirLocked, RunLock
+  workdir = pathlib.Path(workdir).absolute()
+  shared = [s.removeprefix("--") for s in shared]
+  shared_overrides = [s.removeprefix("config.") for s in shared]
+  trials, paper = declared_trials(config_spec, shared_overrides)
+  if only:
+    unknown = sorted(set(only) - {t.name for t in trials})
+    if unknown:
+      raise ValueError(f"--only: no trials named {unknown}; the sweep has {[t.name for t in trials]}")
+    trials = [t for t in trials if t.name in only]
+  workdir.mkdir(parents=True, exist_ok=True)
+  say = lambda text: print(f"[sweep] {text}", file=out, flush=True)
+  try:
+    lock = RunLock(workdir).acquire()
+  except RunDirLocked:
+    raise RunDirLocked(f"another `python -m train.sweep` is running in {workdir}; wait for it or stop "
+                       f"it") from None
+
+  todo = []
+  for trial in trials:
+    trial_dir = workdir / trial.name
+    if (trial_dir / DONE).exists():
+      recorded = read_status(trial_dir).get("overrides")
+      if recorded is not None and recorded != _jsonable(trial.overrides):
+        say(f"warning: {trial.name} finished with overrides {recorded}, the sweep now says "
+            f"{_jsonable(trial.overrides)}; delete {trial_dir} to rerun it")
+      say(f"skip {trial.name} (done)")
+    else:
+      todo.append(trial)
+  say(f"{len(trials)} trials, {len(trials) - len(todo)} done, {len(todo)} to run, {parallel} at a time; "
+      f"logs in {workdir}/<trial>/{LOG}")
+
+  stop = {"signal": None}
+
+  def handle(signum, frame):
+    stop["signal"] = signal.Signals(signum).name
+
+  previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+  running: list[_Running] = []
+  started = 0
+  try:
+    while (todo or running):
+      if stop["signal"]:
+        for r in running:
+          if r.process.poll() is None:
+            r.process.send_signal(signal.SIGTERM)
+        todo = []
+      while todo and len(running) < parallel and not stop["signal"]:
+        trial = todo.pop(0)
+        started += 1
+        trial_dir = workdir / trial.name
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        resumed = (trial_dir / "checkpoints").exists()
+        log = open(trial_dir / LOG, "a")
+        command = trial_command(config_spec, trial_dir, shared, trial.overrides, trainer)
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        write_status(trial_dir, status="running", overrides=_jsonable(trial.overrides),
+                     command=command, pid=process.pid)
+        running.append(_Running(trial, process, log, trial_dir))
+        say(f"start {trial.name} ({started}/{started + len(todo)}{', resuming' if resumed else ''}): "
+            f"{_format_overrides(trial.overrides)}")
+      time.sleep(poll_seconds)
+      for r in list(running):
+        code = r.process.poll()
+        if code is None:
+          continue
+        running.remove(r)
+        r.log.close()
+        seconds = read_status(r.dir).get("seconds", 0.0) + (time.time() - r.start)
+        if code == 0 and reached_end(r.dir):
+          write_status(r.dir, status="done", returncode=0, seconds=seconds)
+          (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          row = trial_row(r.trial, r.dir, config_spec, shared_overrides, paper)
+          say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {_fmt(row['dev_ppl'], 3)}, "
+              f"dev BLEU {_fmt(row['dev_bleu'], 2)}")
+        elif code == 0 or stop["signal"]:
+          write_status(r.dir, status="interrupted", returncode=code, seconds=seconds)
+          say(f"interrupted {r.trial.name}; rerun the command to resume it")
+        else:
+          write_status(r.dir, status="failed", returncode=code, seconds=seconds)
+          say(f"FAILED {r.trial.name} (exit {code}); see {r.dir / LOG}:\n" + _tail(r.dir / LOG))
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    for r in running:   # only if the loop itself raised: do not leave trainers behind
+      if r.process.poll() is None:
+        r.process.send_signal(signal.SIGTERM)
+        r.process.wait()
+    lock.release()
+
+  rows = [trial_row(t, workdir / t.name, config_spec, shared_overrides, paper) for t in trials]
+  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec)
+  counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
+  say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+  print(markdown_table(rows, bool(paper)), file=out)
+  say("results: " + "  ".join(str(p) for p in paths))
+  if stop["signal"]:
+    say(f"stopped by {stop['signal']}; rerun the same command to finish the sweep")
+  return {row["trial"]: row["status"] for row in rows}
+
+
+def _tail(path: pathlib.Path, lines: int = 8) -> str:
+  text = path.read_text(errors="replace").rstrip().splitlines()[-lines:]
+  return "\n".join("    " + line for line in text)
+
+
+def _jsonable(overrides: dict) -> dict:
+  return json.loads(json.dumps(overrides))
+
+
+def _format_overrides(overrides: dict) -> str:
+  return " ".join(f"{k}={v}" for k, v in overrides.items()) or "(experiment defaults)"
+
+
+def _fmt(value, digits) -> str:
+  return "-" if value is None else f"{value:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Results: one row per trial, a CSV, a Markdown table and a plot.
+# ------------------------------------------------------------------------------------------------------
+def trial_row(trial: Trial, trial_dir: pathlib.Path, config_spec: str, shared_overrides, paper: dict) -> dict:
+  """What the results table says about one trial (None where nothing was measured)."""
+  from model.config import TransformerConfig, num_params
+  config = config_io.load_experiment(config_spec)
+  config_io.apply_overrides(config, list(shared_overrides))
+  config_io.apply_overrides(config, trial.overrides)
+  vocab_size = int(config.data.vocab_size)
+  if (trial_dir / "vocab.model").exists():   # the trained vocabulary can be a little smaller
+    from data.vocab import Vocab
+    vocab_size = Vocab.load(str(trial_dir / "vocab.model")).size
+  params = num_params(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
+  lines = metrics_io.read_metrics(trial_dir) if (trial_dir / metrics_io.METRICS).exists() else []
+  train = [l for l in lines if "train/loss" in l]
+  evals = [l for l in lines if "eval/loss" in l]
+  bleus = [l for l in lines if "eval/bleu" in l]
+  tests = [l for l in lines if "test/bleu" in l]
+  status = read_status(trial_dir)
+  ref = paper.get(trial.name, {})
+  return {
+      "trial": trial.name,
+      "status": status["status"],
+      "overrides": _format_overrides(trial.overrides),
+      "params": params,
+      "steps": train[-1]["step"] if train else 0,
+      "dev_loss": evals[-1]["eval/loss"] if evals else None,
+      "dev_ppl": evals[-1]["eval/ppl"] if evals else None,
+      "dev_bleu": bleus[-1]["eval/bleu"] if bleus else None,
+      "dev_bleu_step": bleus[-1]["step"] if bleus else None,
+      "test_bleu": tests[-1]["test/bleu"] if tests else None,
+      "wall_clock_s": round(float(status.get("seconds", 0.0)), 1),
+      "paper_ppl": ref.get("ppl"),
+      "paper_bleu": ref.get("bleu"),
+      "paper_params_m": ref.get("params_m"),
+  }
+
+
+def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title: str) -> list[pathlib.Path]:
+  """Writes workdir/results.csv, results.md and results.png; returns their paths."""
+  columns = [c for c in rows[0] if paper or not c.startswith("paper_")]
+  csv_path = workdir / "results.csv"
+  with open(csv_path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  md_path = workdir / "results.md"
+  md_path.write_text(f"# Sweep {title}\n\nRun directory: {workdir}\n\n" + markdown_table(rows, paper) + "\n"
+                     + "dev = the config's dev split (newstest2013 for WMT14); PPL per target piece at the "
+                       "last eval; BLEU: sacreBLEU at the last dev BLEU eval (its step in brackets)"
+                     + ("; paper: Table 3 (tokenized BLEU, ~0.7-1.5 above sacreBLEU)" if paper else "")
+                     + ".\n")
+  png_path = workdir / "results.png"
+  plot_results(rows, png_path, paper=paper, title=title)
+  return [csv_path, md_path, png_path]
+
+
+def markdown_table(rows: list[dict], paper: bool) -> str:
+  head = ["trial", "status", "overrides", "params", "steps", "dev loss", "dev PPL", "dev BLEU", "test BLEU",
+          "wall-clock"]
+  if paper:
+    head[7:7] = ["paper PPL"]
+    head[9:9] = ["paper BLEU"]
+  out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    bleu = _fmt(r["dev_bleu"], 2) + (f" ({r['dev_bleu_step']})" if r["dev_bleu"] is not None else "")
+    cells = [r["trial"], r["status"], r["overrides"], _count(r["params"]), str(r["steps"]),
+             _fmt(r["dev_loss"], 4), _fmt(r["dev_ppl"], 2), bleu, _fmt(r["test_bleu"], 2),
+             _duration(r["wall_clock_s"])]
+    if paper:
+      cells[7:7] = [_fmt(r["paper_ppl"], 2)]
+      cells[9:9] = [_fmt(r["paper_bleu"], 1)]
+    out.append("| " + " | ".join(cells) + " |")
+  return "\n".join(out) + "\n"
+
+
+def _count(n: int) -> str:
+  return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 120:
+    return f"{seconds:.0f} s"
+  if seconds < 7200:
+    return f"{seconds / 60:.0f} min"
+  return f"{seconds / 3600:.1f} h"
+
+
+def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: str) -> None:
+  """Two panels of horizontal bars, one row per trial: dev PPL and dev BLEU, ours beside the paper's."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = [r["trial"] for r in rows]
+  n = len(rows)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.5 * n * (1.3 if paper else 1)), sharey=True)
+  panels = [("dev_ppl", "paper_ppl", "dev perplexity (lower is better)", 2),
+            ("dev_bleu", "paper_bleu", "dev BLEU (higher is better)", 1)]
+  height = 0.38 if paper else 0.6
+  for ax, (ours_key, paper_key, label, digits) in zip(axes, panels):
+    ours = [r[ours_key] for r in rows]
+    theirs = [r[paper_key] for r in rows] if paper else [None] * n
+    values = [v for v in ours + theirs if v is not None]
+    offset = height / 2 if paper else 0.0
+    series = [(ours, -offset, "#1f77b4", "ours")]
+    if paper:
+      series.append((theirs, offset, "#b0b0b0", "paper"))
+    for vals, shift, color, legend in series:
+      ys = [i + shift for i, v in enumerate(vals) if v is not None]
+      xs = [v for v in vals if v is not None]
+      ax.barh(ys, xs, height=height, color=color, label=legend)
+      for y, x in zip(ys, xs):
+        ax.text(x, y, f" {x:.{digits}f}", va="center", fontsize=8)
+    for i, r in enumerate(rows):
+      if r[ours_key] is None:
+        ax.text(0, i - offset, f"  {r['status'] if r['status'] != 'done' else 'not measured'}",
+                va="center", fontsize=8, color="#c0392b")
+    if values and ours_key == "dev_ppl" and min(values) > 0 and max(values) / min(values) > 20:
+      ax.set_xscale("log")
+      label += ", log scale"
+    if values:
+      lo = ax.get_xlim()[0]
+      ax.set_xlim(lo, max(values) * (1.35 if ax.get_xscale() == "linear" else 3))
+    ax.set_xlabel(label)
+    ax.grid(axis="x", alpha=0.3)
+    if not values:
+      ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="#888888")
+  axes[0].set_yticks(range(n))
+  axes[0].set_yticklabels(names)
+  axes[0].invert_yaxis()
+  done = sum(r["status"] == "done" for r in rows)
+  fig.suptitle(f"sweep {title}: {done}/{n} trials done", fontsize=11, x=0.01, ha="left")
+  if paper:
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, ["ours (this run's dev split)", "paper, Table 3 (newstest2013)"], loc="upper right",
+               fontsize=8, frameon=False, ncol=2)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.12 / fig.get_figheight()))
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Command line.
+# ------------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m train.sweep", description=__doc__.split("\n\n")[0],
+      epilog="Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).")
+  parser.add_argument("--config", required=True, help="experiment file[:arg] with a sweep() function")
+  parser.add_argument("--workdir", required=True, help="sweep directory; trial NAME runs in DIR/NAME")
+  parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
+  parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; shared overrides look like --config.train.num_steps=1000")
+  if args.parallel < 1:
+    parser.error(f"--parallel must be >= 1, got {args.parallel}")
+  only = [name for name in args.only.split(",") if name]
+  statuses = run_sweep(args.config, args.workdir, parallel=args.parallel, shared=rest, only=only or None)
+  return 0 if all(s == "done" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
