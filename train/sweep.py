@@ -158,7 +158,7 @@ class _Running:
 
 
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
-              poll_seconds: float = 0.5, out=sys.stdout, trainer=TRAINER) -> dict:
+              poll_seconds: float = 0.5, out=None, trainer=TRAINER) -> dict:
   """Runs the trials of config_spec's sweep under workdir; returns {trial name: final status}.
 
   shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
@@ -167,6 +167,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   """
   from train.run_dir import RunDirLocked, RunLock
   workdir = pathlib.Path(workdir).absolute()
+  out = out or sys.stdout
   shared = [s.removeprefix("--") for s in shared]
   shared_overrides = [s.removeprefix("config.") for s in shared]
   trials, paper = declared_trials(config_spec, shared_overrides)
@@ -298,7 +299,10 @@ def trial_row(trial: Trial, trial_dir: pathlib.Path, config_spec: str, shared_ov
   if (trial_dir / "vocab.model").exists():   # the trained vocabulary can be a little smaller
     from data.vocab import Vocab
     vocab_size = Vocab.load(str(trial_dir / "vocab.model")).size
-  params = num_params(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
+  try:
+    params = num_params(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
+  except ValueError:   # an invalid model (the trial's log says why): no count
+    params = None
   lines = metrics_io.read_metrics(trial_dir) if (trial_dir / metrics_io.METRICS).exists() else []
   train = [l for l in lines if "train/loss" in l]
   evals = [l for l in lines if "eval/loss" in l]
@@ -362,7 +366,9 @@ def markdown_table(rows: list[dict], paper: bool) -> str:
   return "\n".join(out) + "\n"
 
 
-def _count(n: int) -> str:
+def _count(n) -> str:
+  if n is None:
+    return "-"
   return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 

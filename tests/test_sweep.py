@@ -1,0 +1,161 @@
+"""The sweep runner: trials as run directories, N at once, failures recorded, reruns skip finished trials
+and finish the rest, results table and plot. Scheduling is tested with a fast fake trainer; one test
+runs the Table 3 smoke sweep end to end with the real trainer and interrupts it.
+"""
+import csv
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from train import sweep
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# A stand-in for `python -m train`: writes config.json and metrics.jsonl like the trainer, in ~0.5 s.
+# model.num_heads=3 fails (exit 1); every run appends its start/end times to workdir/runs.json.
+FAKE_TRAINER = textwrap.dedent(f"""
+    import json, pathlib, sys, time
+    sys.path.insert(0, {str(ROOT)!r})
+    from train import config_io
+    start = time.time()
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    spec, workdir = args.pop("config"), pathlib.Path(args.pop("workdir"))
+    config = config_io.load_experiment(spec)
+    config_io.apply_overrides(config, {{k.removeprefix("config."): v for k, v in args.items()}})
+    workdir.mkdir(parents=True, exist_ok=True)
+    runs = json.loads((workdir / "runs.json").read_text()) if (workdir / "runs.json").exists() else []
+    if config.model.num_heads == 3:
+      print("fake trainer: three heads do not divide d_model", file=sys.stderr)
+      sys.exit(1)
+    config_io.save_config(config, workdir)
+    time.sleep(0.5)
+    h, n = config.model.num_heads, config.train.num_steps
+    with open(workdir / "metrics.jsonl", "w") as f:
+      f.write(json.dumps({{"step": n, "train/loss": 3.0 / h}}) + "\\n")
+      f.write(json.dumps({{"step": n, "eval/loss": 2.0 / h, "eval/ppl": 4.0 + 1.0 / h,
+                           "eval/bleu": 20.0 + h}}) + "\\n")
+    (workdir / "runs.json").write_text(json.dumps(runs + [[start, time.time()]]))
+""")
+
+EXPERIMENT = textwrap.dedent("""
+    from experiments import default
+    ARGS = ("smoke",)
+    PAPER = {"h2": dict(ppl=4.5, bleu=25.0, params_m=None), "h4": dict(ppl=4.3, bleu=26.0, params_m=None)}
+
+    def get_config(arg=None):
+      return default.get_config("smoke")
+
+    def sweep(add):
+      add(name="h2", **{"model.num_heads": 2})
+      add(name="h4", **{"model.num_heads": 4})
+      add(name="h3", **{"model.num_heads": 3})
+""")
+
+
+@pytest.fixture
+def fake(tmp_path):
+  (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
+  (tmp_path / "exp.py").write_text(EXPERIMENT)
+  return dict(config_spec=str(tmp_path / "exp.py"), trainer=(sys.executable, str(tmp_path / "fake_train.py")),
+              poll_seconds=0.05)
+
+
+def _runs(trial_dir):
+  path = trial_dir / "runs.json"
+  return json.loads(path.read_text()) if path.exists() else []
+
+
+def test_parallel_trials_failures_recorded_and_rerun_skips_finished(tmp_path, fake, capsys):
+  out = tmp_path / "sweep"
+  statuses = sweep.run_sweep(workdir=out, parallel=2, **fake)
+  assert statuses == {"h2": "done", "h4": "done", "h3": "failed"}
+  (a0, a1), = _runs(out / "h2")
+  (b0, b1), = _runs(out / "h4")
+  assert a0 < b1 and b0 < a1, "with --parallel 2 the first two trials overlap"
+  assert (out / "h2" / sweep.DONE).exists() and not (out / "h3" / sweep.DONE).exists()
+  assert "three heads" in (out / "h3" / sweep.LOG).read_text()
+  printed = capsys.readouterr().out
+  assert "FAILED h3" in printed and "done h2" in printed and "results.png" in printed
+
+  # The table: one row per trial, ours beside the paper's.
+  rows = {r["trial"]: r for r in csv.DictReader(open(out / "results.csv"))}
+  assert rows["h4"]["status"] == "done" and float(rows["h4"]["dev_ppl"]) == 4.25
+  assert float(rows["h4"]["dev_bleu"]) == 24.0 and float(rows["h4"]["paper_bleu"]) == 26.0
+  assert rows["h3"]["status"] == "failed" and rows["h3"]["dev_ppl"] == ""
+  assert int(rows["h2"]["params"]) > 0 and rows["h2"]["overrides"] == "model.num_heads=2"
+  table = (out / "results.md").read_text()
+  assert "| h4 | done |" in table and "paper PPL" in table and "| h3 | failed |" in table
+  assert (out / "results.png").stat().st_size > 10_000
+
+  # Rerun: finished trials are skipped, the failed one is tried again.
+  statuses = sweep.run_sweep(workdir=out, parallel=2, **fake)
+  assert statuses["h3"] == "failed"
+  assert len(_runs(out / "h2")) == 1 and len(_runs(out / "h4")) == 1
+  assert "skip h2 (done)" in capsys.readouterr().out
+  assert (out / "h3" / sweep.LOG).read_text().count("three heads") == 2
+
+
+def test_bad_sweeps_fail_before_running_anything(tmp_path, fake):
+  bad = tmp_path / "bad.py"
+  bad.write_text(EXPERIMENT.replace('"model.num_heads": 3', '"model.num_headz": 3'))
+  with pytest.raises(ValueError, match="trial 'h3'.*num_headz"):
+    sweep.run_sweep(str(bad), tmp_path / "out", trainer=fake["trainer"])
+  assert not (tmp_path / "out" / "h2").exists()
+  bad.write_text(EXPERIMENT.replace('name="h4"', 'name="h2"'))
+  with pytest.raises(ValueError, match="two trials are named 'h2'"):
+    sweep.declared_trials(str(bad))
+  with pytest.raises(ValueError, match="no sweep"):
+    sweep.declared_trials(str(ROOT / "experiments" / "default.py"))
+  with pytest.raises(ValueError, match="no trials named"):
+    sweep.run_sweep(fake["config_spec"], tmp_path / "out", only=["h7"], trainer=fake["trainer"])
+  with pytest.raises(SystemExit):
+    sweep.main(["--config", fake["config_spec"], "--workdir", str(tmp_path), "--bogus"])
+
+
+def _sweep_cli(workdir, *extra):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+  # No dev BLEU (beam-search compiles would double the time; decode/ has its own tests): a shared override.
+  command = [sys.executable, "-m", "train.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
+             f"--workdir={workdir}", "--config.train.bleu_every=0", *extra]
+  return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def test_table3_smoke_sweep_interrupted_then_finished(tmp_path):
+  """The real trainer: stop the runner (SIGTERM) once the first trial is done and the second started;
+  the rerun skips the first and finishes the second; the table and the plot cover both."""
+  out = tmp_path / "table3"
+  runner = _sweep_cli(out, "--parallel=1")
+  deadline = time.time() + 150
+  while not ((out / "base" / sweep.DONE).exists() and (out / "C_N2" / sweep.STATUS).exists()):
+    assert runner.poll() is None and time.time() < deadline, runner.communicate()[0]
+    time.sleep(0.1)
+  runner.send_signal(signal.SIGTERM)
+  first, _ = runner.communicate(timeout=120)
+  assert runner.returncode == 1, first
+  assert "interrupted C_N2" in first and "stopped by SIGTERM" in first, first
+  assert not (out / "C_N2" / sweep.DONE).exists()
+  base_log = (out / "base" / sweep.LOG).read_text()
+
+  runner = _sweep_cli(out, "--parallel=2")
+  second, _ = runner.communicate(timeout=150)
+  assert runner.returncode == 0, second
+  assert "skip base (done)" in second and "start C_N2" in second and "start base" not in second
+  assert (out / "base" / sweep.LOG).read_text() == base_log, "the finished trial was not rerun"
+  rows = {r["trial"]: r for r in csv.DictReader(open(out / "results.csv"))}
+  assert {name: r["status"] for name, r in rows.items()} == {"base": "done", "C_N2": "done"}
+  for r in rows.values():
+    assert int(r["steps"]) == 8 and 1.0 < float(r["dev_ppl"]) < 1000, r
+  assert float(rows["C_N2"]["params"]) > float(rows["base"]["params"])   # two layers instead of one
+  assert float(rows["base"]["paper_ppl"]) == 4.92
+  assert json.loads((out / "C_N2" / "config.json").read_text())["train"]["bleu_every"] == 0
+  assert "| C_N2 | done |" in (out / "results.md").read_text()
+  assert (out / "results.png").stat().st_size > 10_000
