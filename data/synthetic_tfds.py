@@ -51,5 +51,8 @@ def parse_config_name(name: str) -> tuple[int, int]:
 
 
 def builder(seed: int, train_size: int, data_dir: str | None = None) -> AiaynSynthetic:
-  return AiaynSynthetic(config=tfds.core.BuilderConfig(name=config_name(seed, train_size)),
-                        data_dir=data_dir or None, file_format="array_record")
+  name = config_name(seed, train_size)
+  # TFDS refuses a custom config named like a predefined one: pass the predefined one by name.
+  predefined = {c.name for c in AiaynSynthetic.BUILDER_CONFIGS}
+  config = name if name in predefined else tfds.core.BuilderConfig(name=name)
+  return AiaynSynthetic(config=config, data_dir=data_dir or None, file_format="array_record")
