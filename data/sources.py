@@ -72,7 +72,16 @@ def load_pairs_with_origins(data_config, split: str):
   else:
     builder = _tfds_builder(data_config)
     name = data_config.tfds_name
-  return _read_tfds(builder, name, TFDS_SPLITS[split], data_config.src_lang, data_config.tgt_lang)
+  key = (str(builder.data_path), split, data_config.src_lang, data_config.tgt_lang)
+  if key not in _READ_CACHE:   # the vocabulary and the train iterator read the same split
+    _READ_CACHE.clear()
+    _READ_CACHE[key] = _read_tfds(builder, name, TFDS_SPLITS[split], data_config.src_lang,
+                                  data_config.tgt_lang)
+  pairs, origins = _READ_CACHE[key]
+  return list(pairs), list(origins)
+
+
+_READ_CACHE: dict = {}   # the last TFDS split read (prepared TFDS datasets do not change)
 
 
 def _tfds_builder(data_config):

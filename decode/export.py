@@ -344,8 +344,8 @@ def load_run(workdir, checkpoint=None, fmt: str | None = None):
 
   With `fmt`, the architecture is checked against that format before any checkpoint is read.
   """
-  from data.vocab import Vocab
-  from train.checkpoint import load_params
+  from data.vocab import Vocab, check_vocab
+  from train.checkpoint import load_params, read_meta
   from train.config_io import load_run_config
   config = load_run_config(workdir)
   spm_path = pathlib.Path(workdir) / "vocab.model"
@@ -356,6 +356,8 @@ def load_run(workdir, checkpoint=None, fmt: str | None = None):
   if fmt is not None:
     check_exportable(cfg, fmt)
   params, step = load_params(workdir, checkpoint)
+  check_vocab(vocab, read_meta(workdir, step, checkpoint).get("vocab_fingerprint"),
+              f"checkpoint {step} of {workdir}")
   return cfg, params, vocab, spm_path, config, step
 
 

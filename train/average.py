@@ -53,7 +53,11 @@ def average_checkpoints(workdir, last: int) -> tuple[pathlib.Path, list[int]]:
   staging = workdir / (ckpt.AVERAGED + ".tmp")
   shutil.rmtree(staging, ignore_errors=True)
   writer = ckpt.make_manager(workdir, directory=staging.name, async_save=False)
-  ckpt.save(writer, chosen[-1], averaged, None, {"step": chosen[-1], "averaged_steps": chosen})
+  meta = {"step": chosen[-1], "averaged_steps": chosen}
+  fingerprint = ckpt.read_meta(workdir, chosen[-1]).get("vocab_fingerprint")
+  if fingerprint:
+    meta["vocab_fingerprint"] = fingerprint
+  ckpt.save(writer, chosen[-1], averaged, None, meta)
   writer.wait_until_finished()
   writer.close()
   shutil.rmtree(final, ignore_errors=True)

@@ -11,6 +11,7 @@ a warning, and moved aside to workdir/checkpoints_unreadable/ so that training c
 """
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import shutil
@@ -153,3 +154,14 @@ def load_params(workdir, checkpoint=None):
                       stacklevel=2)
   finally:
     manager.close()
+
+
+def read_meta(workdir, step: int, checkpoint=None) -> dict:
+  """The JSON meta saved with a checkpoint ({} if it has none); checkpoint='averaged' reads the average's."""
+  directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
+  path = pathlib.Path(workdir) / directory / str(step) / "meta" / "metadata"
+  try:
+    meta = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return {}
+  return meta if isinstance(meta, dict) else {}

@@ -1,0 +1,110 @@
+"""`python -m decode`: translate raw text with a trained run, and score it against a reference.
+
+    python -m decode --workdir runs/default --input test.en --output test.hyp [--reference test.de]
+    echo "the small dog sees a house." | python -m decode --workdir runs/default --input - --output -
+
+Uses the run's config (architecture), vocab.model and newest checkpoint (or --checkpoint STEP|averaged);
+a vocabulary that is not the one the checkpoint was trained with is refused. Output lines follow input
+lines one to one (an empty input line gives an empty translation); the output file is written whole or
+not at all. With --nbest K each input line gives K lines `LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+
+def _checkpoint_arg(text: str):
+  if text == "averaged":
+    return text
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number or 'averaged'") from None
+
+
+def _read_lines(path: str, what: str) -> list[str]:
+  if path == "-":
+    return [line.rstrip("\r\n") for line in sys.stdin]
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise SystemExit(f"{what} {path!r} does not exist")
+  try:
+    return file.read_text(encoding="utf-8").splitlines()
+  except UnicodeDecodeError as e:
+    line = file.read_bytes()[:e.start].count(b"\n") + 1
+    raise SystemExit(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
+
+
+def _write_atomically(path: str, text: str) -> None:
+  if path == "-":
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return
+  target = pathlib.Path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = target.with_name(target.name + ".tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, target)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m decode", description=__doc__.split("\n")[0],
+                                   epilog=__doc__.split("\n", 1)[1],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="run directory written by `python -m train`")
+  parser.add_argument("--checkpoint", type=_checkpoint_arg, default=None,
+                      help="a step number or 'averaged' (default: the newest checkpoint)")
+  parser.add_argument("--input", required=True, help="source text, one sentence per line ('-': stdin)")
+  parser.add_argument("--output", default="-", help="translations ('-': stdout, the default)")
+  parser.add_argument("--beam_size", type=int, default=4, help="beam width (default 4, the paper's)")
+  parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty (default 0.6)")
+  parser.add_argument("--max_extra_len", type=int, default=50,
+                      help="at most source length + this many tokens (default 50, the paper's)")
+  parser.add_argument("--min_len", type=int, default=0, help="no eos before this many tokens")
+  parser.add_argument("--batch_tokens", type=int, default=None,
+                      help="rows * beam * padded source length per batch (default: the run's "
+                           "config.decode.batch_tokens)")
+  parser.add_argument("--nbest", type=int, default=1, help="write this many hypotheses per sentence")
+  parser.add_argument("--reference", default=None,
+                      help="reference translations: print sacreBLEU (and the paper-style BLEU)")
+  args = parser.parse_args(argv)
+  if args.beam_size < 1 or not 1 <= args.nbest <= args.beam_size:
+    parser.error(f"need beam_size >= 1 and 1 <= nbest <= beam_size (got {args.beam_size}, {args.nbest})")
+
+  sources = _read_lines(args.input, "--input")
+  references = _read_lines(args.reference, "--reference") if args.reference else None
+  if references is not None and len(references) != len(sources):
+    raise SystemExit(f"--reference {args.reference} has {len(references)} lines but --input "
+                     f"{args.input} has {len(sources)}; they must be line-aligned")
+
+  from decode.export import load_run
+  from decode.translate import translate
+  from model import Transformer
+  cfg, params, vocab, _, config, step = load_run(args.workdir, args.checkpoint)
+  batch_tokens = args.batch_tokens or int(config.decode.get("batch_tokens", 4096))
+  where = f"{args.workdir} step {step}" + (" (averaged)" if args.checkpoint == "averaged" else "")
+  print(f"[decode] {len(sources)} sentences with {where}, beam {args.beam_size}, alpha {args.alpha}",
+        file=sys.stderr)
+  out = translate(Transformer(cfg), params, vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
+                  max_extra_len=args.max_extra_len, batch_tokens=batch_tokens, nbest=args.nbest,
+                  min_len=args.min_len, progress=True)
+  if args.nbest == 1:
+    hyps, text = out, "".join(h + "\n" for h in out)
+  else:
+    hyps = [h[0][0] for h in out]
+    text = "".join(f"{i}\t{rank}\t{score:.4f}\t{hyp}\n" for i, hyp_list in enumerate(out, 1)
+                   for rank, (hyp, score) in enumerate(hyp_list, 1))
+  _write_atomically(args.output, text)
+  if references is not None:
+    from decode.bleu import paper_bleu, sacrebleu_score
+    score, signature = sacrebleu_score(hyps, references)
+    print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
+    print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()

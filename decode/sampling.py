@@ -1,0 +1,140 @@
+"""Sampling and greedy decoding as one `jax.lax.while_loop`, with the beam search's callback contract.
+
+    sequences, scores = sample(tokens_to_logits, cache, rng, batch_size=b, max_len=l, eos_id=3, bos_id=2,
+                               temperature=0.8, top_k=40, top_p=0.95)
+    sequences, scores = greedy(tokens_to_logits, cache, batch_size=b, max_len=l, eos_id=3, bos_id=2)
+
+`tokens_to_logits(ids, cache) -> (logits, cache)` gets the last token of every row, int32 [b] (bos_id on
+the first call, eos_id once a row has finished), and returns logits [b, vocab] and the cache, a pytree
+whose array leaves keep leading dimension b.
+
+Every step turns the raw logits into a token in this order:
+  1. repetition penalty (CTRL, Keskar et al. 2019): the logit of a token the row has already generated
+     (bos excluded) is divided by the penalty if positive and multiplied by it if negative, once per
+     distinct token;
+  2. eos masking: no eos before min_len tokens; nothing but eos at a row's last position, max_len - 1;
+  3. temperature (0 takes the argmax, which no later filter changes);
+  4. top-k: only the k largest logits survive;
+  5. top-p (nucleus): only the smallest set of most probable tokens whose mass reaches top_p survives;
+  6. `jax.random.categorical`, with the step folded into rng.
+
+Returns sequences int32 [b, L] (generated tokens, bos excluded, eos included, 0 after it; every row ends in
+eos) and scores float32 [b]: the sum of the chosen tokens' log-probabilities under the model's own
+distribution (log_softmax of the raw logits), whatever filtering chose them. The loop stops as soon as every
+row has finished. The sampling settings are Python numbers (static under jit).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _static_len(max_len, max_steps):
+  """The loop length L: max_steps if given, else max(max_len), which must then be concrete."""
+  if max_steps is not None:
+    return int(max_steps)
+  try:
+    return int(np.max(np.asarray(max_len)))
+  except jax.errors.TracerArrayConversionError as e:
+    raise ValueError("sample: max_len is a traced array; pass max_steps= (a Python int, at least "
+                     "max(max_len)) to fix the length of the output") from e
+
+
+def apply_repetition_penalty(logits, seq, length, penalty):
+  """Penalises, once each, the tokens among the first `length` of every row of seq [b, L]."""
+  b, vocab = logits.shape
+  ids = jnp.where(jnp.arange(seq.shape[1]) < length, seq, vocab)   # [b, L]; vocab: out of range, dropped
+  seen = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids].set(True, mode="drop")
+  return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def top_k_filter(logits, k):
+  """Keeps the k largest logits of every row (exactly k, ties broken by index); the rest become -inf."""
+  b, vocab = logits.shape
+  if k <= 0 or k >= vocab:
+    return logits
+  _, idx = jax.lax.top_k(logits, k)                                # [b, k]
+  keep = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], idx].set(True)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def top_p_filter(logits, p):
+  """Keeps the smallest set of most probable tokens whose probability reaches p (at least one)."""
+  if p >= 1.0:
+    return logits
+  b, _ = logits.shape
+  order = jnp.argsort(logits, axis=-1, descending=True)           # [b, vocab], most probable first
+  probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
+  # A token is in the nucleus when the mass before it has not reached p yet; the first one always is.
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  keep_sorted = (mass_before < p).at[:, 0].set(True)
+  keep = jnp.zeros_like(keep_sorted).at[jnp.arange(b)[:, None], order].set(keep_sorted)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id, temperature=1.0, top_k=0,
+           top_p=1.0, repetition_penalty=1.0, min_len=0, max_steps=None):
+  """Returns (sequences int32 [b, L], scores float32 [b]); see the module docstring.
+
+  max_len: an int, or int32 [b] per-row limits on the generated length (eos included, values below 1 count
+  as 1); L is its maximum, or max_steps when max_len is traced. min_len: eos is not allowed before min_len
+  tokens (the forced eos at max_len wins). temperature 0 is greedy and needs no rng. top_k 0 and top_p 1.0
+  are off; repetition_penalty 1.0 is off.
+  """
+  b = int(batch_size)
+  steps = _static_len(max_len, max_steps)
+  if steps < 1:
+    raise ValueError(f"sample: need max_len >= 1 (got {steps})")
+  if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or repetition_penalty <= 0:
+    raise ValueError(f"sample: need temperature >= 0, top_k >= 0, 0 < top_p <= 1 and repetition_penalty > 0 "
+                     f"(got {temperature}, {top_k}, {top_p}, {repetition_penalty})")
+  if temperature > 0 and rng is None:
+    raise ValueError("sample: temperature > 0 needs an rng; use greedy() or temperature=0 for argmax")
+  limits = jnp.clip(jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,)), 1, steps)
+
+  state = dict(
+      step=jnp.zeros((), jnp.int32),
+      cache=cache,
+      last=jnp.full((b,), bos_id, jnp.int32),   # [b] the token fed to the next call
+      seq=jnp.zeros((b, steps), jnp.int32),     # [b, L]
+      score=jnp.zeros((b,), jnp.float32),       # [b]
+      done=jnp.zeros((b,), bool),               # [b] the row has produced eos
+  )
+
+  def cond(s):
+    return (s["step"] < steps) & ~jnp.all(s["done"])
+
+  def body(s):
+    i = s["step"]
+    logits, cache = tokens_to_logits(s["last"], s["cache"])
+    logits = logits.astype(jnp.float32)                          # [b, vocab]
+    logp = jax.nn.log_softmax(logits, axis=-1)                   # the score is under the raw model
+    if repetition_penalty != 1.0:
+      logits = apply_repetition_penalty(logits, s["seq"], i, repetition_penalty)
+    is_eos = jnp.arange(logits.shape[-1]) == eos_id              # [vocab]
+    at_limit = (i + 1 >= limits)[:, None]                        # [b, 1]
+    logits = jnp.where((i < min_len) & ~at_limit & is_eos, -jnp.inf, logits)
+    logits = jnp.where(at_limit & ~is_eos, -jnp.inf, logits)
+    if temperature == 0:
+      token = jnp.argmax(logits, axis=-1)
+    else:
+      logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
+      token = jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
+    token = jnp.where(s["done"], 0, token.astype(jnp.int32))     # [b]
+    token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    done = s["done"] | (token == eos_id)
+    return dict(step=i + 1, cache=cache, last=jnp.where(done, eos_id, token),
+                seq=s["seq"].at[:, i].set(token),
+                score=s["score"] + jnp.where(s["done"], 0.0, token_logp), done=done)
+
+  out = jax.lax.while_loop(cond, body, state)
+  return out["seq"], out["score"]
+
+
+def greedy(tokens_to_logits, cache, *, batch_size, max_len, eos_id, bos_id, min_len=0, repetition_penalty=1.0,
+           max_steps=None):
+  """`sample` at temperature 0: the argmax at every step, no rng. Returns (sequences [b, L], scores [b])."""
+  return sample(tokens_to_logits, cache, None, batch_size=batch_size, max_len=max_len, eos_id=eos_id,
+                bos_id=bos_id, temperature=0.0, min_len=min_len, repetition_penalty=repetition_penalty,
+                max_steps=max_steps)

@@ -1,0 +1,133 @@
+"""Raw text in, translations out: tokenize, bucket by length, beam-search on the model, detokenize.
+
+    hyps = translate(model, params, vocab, ["a sentence", ...], beam_size=4, alpha=0.6, max_extra_len=50)
+
+Per batch the encoder runs once, and the cross-attention keys and values are computed once per source
+sentence and shared by its beams (they live in the callback's closure, not in the beam cache, so the
+search never copies or reorders them). Sentences are sorted into length buckets with a few fixed padded
+shapes, so jit compiles a bounded number of programs; outputs come back in input order. Training's
+periodic and final BLEU use this function.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from decode import beam_search as beam_lib
+from model import Transformer, TransformerConfig, init_cache
+
+_FIRST_BUCKET = 8
+
+
+def _bucket(length: int) -> int:
+  """8, 12, 16, 24, 32, 48, 64, 96, ...: padding wastes at most a third, few shapes compile."""
+  size = _FIRST_BUCKET
+  while True:
+    for candidate in (size, size * 3 // 2):
+      if length <= candidate:
+        return candidate
+    size *= 2
+
+
+def _pow2_floor(n: int) -> int:
+  return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _rows(count: int) -> int:
+  """The batch rows for `count` sentences: the next power of two (a few shapes, bounded compiles)."""
+  rows = 1
+  while rows < count:
+    rows *= 2
+  return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int):
+  """The jitted encode + beam search for one model config and search setting."""
+  model = Transformer(cfg)
+
+  @jax.jit
+  def search(params, src, limits):
+    variables = {"params": params}
+    enc_out = model.apply(variables, src, method="encode")
+    cross = model.apply(variables, enc_out, method="cross_kv")
+    src_mask = src != 0
+
+    def tokens_to_logits(ids, cache):
+      return model.apply(variables, ids, cache, cross, src_mask, method="decode_step")
+
+    return beam_lib.beam_search(
+        tokens_to_logits, init_cache(cfg, src.shape[0], steps), batch_size=src.shape[0],
+        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
+        min_len=min_len)
+
+  return search
+
+
+def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
+              batch_tokens=4096, nbest=1, min_len=0, progress=False):
+  """Translates raw sentences with beam search; returns their translations in input order.
+
+  max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
+  batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
+  nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
+  (translation, score) pairs, best first.
+  """
+  cfg = model.cfg
+  if vocab.size != cfg.vocab_size:
+    raise ValueError(f"vocabulary {vocab.path} has {vocab.size} pieces but the model was built for "
+                     f"{cfg.vocab_size}; use the run's own vocab.model")
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
+  if vocab.eos_id != 3 or vocab.bos_id != 2:
+    raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
+  sentences = list(sentences)
+  ids = vocab.encode_batch(sentences) if sentences else []
+  limit = cfg.max_len          # positions the model can encode and decode
+  too_long = [i for i, s in enumerate(ids) if len(s) > limit]
+  if too_long:
+    warnings.warn(f"translate: {len(too_long)} sources are longer than the model's max_len={limit} "
+                  f"tokens and are truncated (first: input line {too_long[0] + 1})", stacklevel=2)
+    ids = [s[:limit] for s in ids]
+
+  results: list = [None] * len(sentences)
+  empty = [(("", 0.0),) * nbest][0]
+  buckets: dict[int, list[int]] = {}
+  for i, s in enumerate(ids):
+    if not s:   # nothing to translate
+      results[i] = list(empty)
+      continue
+    buckets.setdefault(min(_bucket(len(s)), max(limit, len(s))), []).append(i)
+
+  bar = tqdm.tqdm(total=len(sentences), desc="translate", unit="sent", disable=not progress,
+                  leave=False)
+  bar.update(len(sentences) - sum(len(v) for v in buckets.values()))
+  for padded in sorted(buckets):
+    members = sorted(buckets[padded], key=lambda i: len(ids[i]))
+    max_rows = _pow2_floor(batch_tokens // (padded * beam_size))
+    steps = min(padded + max_extra_len, limit)
+    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps)
+    for start in range(0, len(members), max_rows):
+      chunk = members[start:start + max_rows]
+      rows = _rows(len(chunk))
+      src = np.zeros((rows, padded), np.int32)
+      src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
+      lengths = np.ones((rows,), np.int32)
+      for r, i in enumerate(chunk):
+        src[r, :] = 0
+        src[r, :len(ids[i])] = ids[i]
+        lengths[r] = len(ids[i])
+      limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
+      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits)))
+      for r, i in enumerate(chunk):
+        results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
+      bar.update(len(chunk))
+  bar.close()
+  if nbest == 1:
+    return [r[0][0] for r in results]
+  return results

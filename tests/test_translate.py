@@ -1,0 +1,171 @@
+"""translate() on a real (randomly initialised) Transformer, and the `python -m decode` command."""
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data import synthetic
+from data.vocab import Vocab, train_vocab
+from decode import translate as translate_lib
+from decode.__main__ import main as decode_main
+from decode.beam_search import length_penalty
+from experiments import default
+from model import Transformer, TransformerConfig
+from train import checkpoint as ckpt
+from train import config_io
+
+MODEL = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, max_len=64)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  """Short sentences only: fewer length buckets, fewer programs to compile."""
+  pairs = synthetic.generate(0, {"train": 400, "dev": 200, "test": 200})
+  short = {k: [p for p in v if len(p[0].split()) <= 9] for k, v in pairs.items()}
+  short["train"] = pairs["train"]
+  return short
+
+
+@pytest.fixture(scope="module")
+def vocab(corpus):
+  texts = [s for pair in corpus["train"] for s in pair]
+  return Vocab(train_vocab(texts, 400, seed=0, sample_sentences=len(texts)))
+
+
+@pytest.fixture(scope="module")
+def model_and_params(vocab):
+  cfg = TransformerConfig(vocab_size=vocab.size, **MODEL)
+  model = Transformer(cfg)
+  params = model.init({"params": jax.random.key(3)}, jnp.ones((1, 4), jnp.int32),
+                      jnp.ones((1, 4), jnp.int32))["params"]
+  # Larger weights than the initialisation gives, so the random model prefers some tokens (and eos)
+  params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
+  return model, params
+
+
+def test_a_batch_equals_one_by_one_in_input_order(model_and_params, vocab, corpus):
+  model, params = model_and_params
+  sources = [s for s, _ in corpus["dev"][:7]] + [""] + [corpus["dev"][8][0]]
+  assert len({translate_lib._bucket(len(vocab.encode(s))) for s in sources if s}) >= 2
+  kw = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=3 * 24 * 4, nbest=2)
+  together = translate_lib.translate(model, params, vocab, sources, **kw)
+  alone = [translate_lib.translate(model, params, vocab, [s], **kw)[0] for s in sources]
+  assert len(together) == len(sources)
+  assert together[7] == [("", 0.0), ("", 0.0)]
+  for a, b in zip(together, alone):
+    assert [h for h, _ in a] == [h for h, _ in b]
+    np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=1e-4, atol=1e-4)
+    assert a[0][1] >= a[1][1]
+
+
+def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_params, vocab, corpus):
+  """The cached incremental decoder inside the search scores exactly what the full model would."""
+  model, params = model_and_params
+  sources = [s for s, _ in corpus["test"][:4]]
+  ids = [vocab.encode(s) for s in sources]
+  padded = max(len(s) for s in ids)
+  src = np.zeros((4, padded), np.int32)
+  for r, s in enumerate(ids):
+    src[r, :len(s)] = s
+  limits = np.array([len(s) + 5 for s in ids], np.int32)
+  search = translate_lib._search_fn(model.cfg, 3, 0.6, 0, padded + 5)
+  seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits)))
+  for r in range(4):
+    for j in range(3):
+      tokens = list(seqs[r, j])
+      assert vocab.eos_id in tokens
+      tokens = tokens[:tokens.index(vocab.eos_id) + 1]
+      assert len(tokens) <= limits[r]
+      tgt_in = jnp.asarray([[vocab.bos_id] + tokens[:-1]])
+      logits = model.apply({"params": params}, jnp.asarray([ids[r]]), tgt_in)
+      logp = jax.nn.log_softmax(logits[0], axis=-1)
+      total = float(sum(logp[t, tok] for t, tok in enumerate(tokens)))
+      np.testing.assert_allclose(scores[r, j], total / float(length_penalty(len(tokens), 0.6)),
+                                 rtol=2e-4, atol=2e-4)
+
+
+def test_buckets_and_rows_keep_the_number_of_shapes_small():
+  assert [translate_lib._bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == \
+      [8, 8, 12, 12, 16, 24, 32, 48, 64, 96]
+  assert [translate_lib._rows(n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+
+
+def test_mismatched_vocabulary_size_is_refused(model_and_params, corpus):
+  model, params = model_and_params
+  texts = [s for pair in corpus["train"] for s in pair]
+  other = Vocab(train_vocab(texts, 300, seed=0, sample_sentences=len(texts)))
+  with pytest.raises(ValueError, match="vocab.model"):
+    translate_lib.translate(model, params, other, ["a cat"])
+
+
+# ------------------------------------------------------------------------------------------------------
+# The command line, on a run directory written the way training writes one.
+# ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, model_and_params, vocab):
+  model, params = model_and_params
+  workdir = tmp_path_factory.mktemp("run")
+  config = default.get_config()
+  config.model.update({k: v for k, v in MODEL.items()})
+  config.model.dropout_rate = 0.0
+  config_io.save_config(config, workdir)
+  vocab_bytes = pathlib.Path(vocab.path).read_bytes() if vocab.path != "<memory>" else None
+  (workdir / "vocab.model").write_bytes(vocab_bytes or vocab._sp.serialized_model_proto())
+  manager = ckpt.make_manager(workdir, async_save=False)
+  ckpt.save(manager, 5, params, None, {"step": 5, "vocab_fingerprint": vocab.fingerprint})
+  manager.wait_until_finished()
+  manager.close()
+  return workdir
+
+
+def test_decode_command_writes_one_line_per_input_and_scores(run, corpus, tmp_path, capsys, model_and_params,
+                                                              vocab):
+  pairs = corpus["test"][:5]
+  src, ref, out = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "out" / "hyp.txt"
+  src.write_text("".join(s + "\n" for s, _ in pairs[:2]) + "\n" + "".join(s + "\n" for s, _ in pairs[2:]))
+  ref.write_text("".join(t + "\n" for _, t in pairs[:2]) + "x\n" + "".join(t + "\n" for _, t in pairs[2:]))
+  decode_main(["--workdir", str(run), "--input", str(src), "--output", str(out), "--reference", str(ref),
+               "--beam_size", "2", "--max_extra_len", "5"])
+  lines = out.read_text().split("\n")[:-1]
+  assert len(lines) == 6 and lines[2] == ""
+  model, params = model_and_params
+  expected = translate_lib.translate(model, params, vocab, [s for s, _ in pairs], beam_size=2,
+                                     max_extra_len=5)
+  assert lines[:2] + lines[3:] == expected
+  err = capsys.readouterr().err
+  assert "sacreBLEU" in err and "nrefs:1|case:mixed" in err and "paper-style BLEU" in err
+
+  decode_main(["--workdir", str(run), "--checkpoint", "5", "--input", str(src), "--output", str(out),
+               "--beam_size", "3", "--nbest", "2", "--max_extra_len", "5"])
+  rows = [line.split("\t") for line in out.read_text().splitlines()]
+  assert len(rows) == 12 and [r[:2] for r in rows[:2]] == [["1", "1"], ["1", "2"]]
+  assert float(rows[0][2]) >= float(rows[1][2])
+
+
+def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path, corpus):
+  src, out = tmp_path / "src.txt", tmp_path / "hyp.txt"
+  src.write_text("a cat\n")
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  for name in ("config.json", "checkpoints"):
+    (foreign / name).symlink_to(run / name)
+  texts = [s for pair in corpus["train"] for s in pair]
+  # Same size, different pieces: only the fingerprint in the checkpoint's meta can tell.
+  (foreign / "vocab.model").write_bytes(train_vocab(texts[::-1][:600], 400, seed=1, sample_sentences=600))
+  with pytest.raises(ValueError, match="fingerprint"):
+    decode_main(["--workdir", str(foreign), "--input", str(src), "--output", str(out)])
+  assert not out.exists()
+
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"fine\n\xff\xfe broken\n")
+  with pytest.raises(SystemExit, match="line 2"):
+    decode_main(["--workdir", str(run), "--input", str(bad), "--output", str(out)])
+  ref = tmp_path / "ref.txt"
+  ref.write_text("one\ntwo\n")
+  with pytest.raises(SystemExit, match="line-aligned"):
+    decode_main(["--workdir", str(run), "--input", str(src), "--output", str(out), "--reference", str(ref)])
+  assert not out.exists()
