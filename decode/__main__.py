@@ -59,20 +59,44 @@ def main(argv=None) -> None:
                       help="a step number or 'averaged' (default: the newest checkpoint)")
   parser.add_argument("--input", required=True, help="source text, one sentence per line ('-': stdin)")
   parser.add_argument("--output", default="-", help="translations ('-': stdout, the default)")
-  parser.add_argument("--beam_size", type=int, default=4, help="beam width (default 4, the paper's)")
-  parser.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty (default 0.6)")
-  parser.add_argument("--max_extra_len", type=int, default=50,
-                      help="at most source length + this many tokens (default 50, the paper's)")
+  parser.add_argument("--beam_size", type=int, default=None,
+                      help="beam width (default: the run's config.decode.beam_size; the paper's is 4)")
+  parser.add_argument("--alpha", type=float, default=None,
+                      help="GNMT length penalty (default: config.decode.alpha; the paper's is 0.6)")
+  parser.add_argument("--max_extra_len", type=int, default=None,
+                      help="at most source length + this many tokens (default: config.decode."
+                           "max_extra_len; the paper's is 50)")
   parser.add_argument("--min_len", type=int, default=0, help="no eos before this many tokens")
   parser.add_argument("--batch_tokens", type=int, default=None,
                       help="rows * beam * padded source length per batch (default: the run's "
                            "config.decode.batch_tokens)")
   parser.add_argument("--nbest", type=int, default=1, help="write this many hypotheses per sentence")
+  parser.add_argument("--temperature", type=float, default=None,
+                      help="sample one translation per sentence at this temperature instead of beam "
+                           "search (0: greedy)")
+  parser.add_argument("--top_k", type=int, default=0, help="sampling: keep the k most probable tokens")
+  parser.add_argument("--top_p", type=float, default=1.0, help="sampling: nucleus mass")
+  parser.add_argument("--repetition_penalty", type=float, default=1.0, help="sampling: CTRL penalty")
+  parser.add_argument("--seed", type=int, default=0, help="sampling: random seed")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   args = parser.parse_args(argv)
+  from train.config_io import load_run_config
+  try:
+    run_decode = load_run_config(args.workdir).decode
+  except FileNotFoundError as e:
+    raise SystemExit(f"--workdir {args.workdir}: {e}") from None
+  for key, fallback in (("beam_size", 4), ("alpha", 0.6), ("max_extra_len", 50), ("batch_tokens", 4096)):
+    if getattr(args, key) is None:
+      setattr(args, key, type(fallback)(run_decode.get(key, fallback)))
   if args.beam_size < 1 or not 1 <= args.nbest <= args.beam_size:
     parser.error(f"need beam_size >= 1 and 1 <= nbest <= beam_size (got {args.beam_size}, {args.nbest})")
+  sampling = None
+  if args.temperature is not None:
+    if args.nbest != 1:
+      parser.error("--temperature samples one translation per sentence: drop --nbest")
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    repetition_penalty=args.repetition_penalty)
 
   sources = _read_lines(args.input, "--input")
   references = _read_lines(args.reference, "--reference") if args.reference else None
@@ -84,13 +108,14 @@ def main(argv=None) -> None:
   from decode.translate import translate
   from model import Transformer
   cfg, params, vocab, _, config, step = load_run(args.workdir, args.checkpoint)
-  batch_tokens = args.batch_tokens or int(config.decode.get("batch_tokens", 4096))
+  batch_tokens = args.batch_tokens
   where = f"{args.workdir} step {step}" + (" (averaged)" if args.checkpoint == "averaged" else "")
-  print(f"[decode] {len(sources)} sentences with {where}, beam {args.beam_size}, alpha {args.alpha}",
-        file=sys.stderr)
+  how = (f"beam {args.beam_size}, alpha {args.alpha}" if sampling is None else
+         f"sampling {sampling}, seed {args.seed}")
+  print(f"[decode] {len(sources)} sentences with {where}, {how}", file=sys.stderr)
   out = translate(Transformer(cfg), params, vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
                   max_extra_len=args.max_extra_len, batch_tokens=batch_tokens, nbest=args.nbest,
-                  min_len=args.min_len, progress=True)
+                  min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True)
   if args.nbest == 1:
     hyps, text = out, "".join(h + "\n" for h in out)
   else:

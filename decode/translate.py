@@ -19,6 +19,7 @@ import numpy as np
 import tqdm
 
 from decode import beam_search as beam_lib
+from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache
 
 _FIRST_BUCKET = 8
@@ -38,21 +39,24 @@ def _pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _rows(count: int) -> int:
-  """The batch rows for `count` sentences: the next power of two (a few shapes, bounded compiles)."""
+def _rows(count: int, max_rows: int) -> int:
+  """Rows for a batch of `count` sentences: max_rows (one shape per bucket, so one compile), or for a
+  bucket that is one small batch, the next power of two (a single short sentence stays cheap)."""
   rows = 1
   while rows < count:
     rows *= 2
-  return rows
+  return min(rows, max_rows)
 
 
 @functools.lru_cache(maxsize=None)
-def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int):
-  """The jitted encode + beam search for one model config and search setting."""
+def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
+               sampling: tuple = ()):
+  """The jitted encode + search for one model config and search setting: beam search, or with
+  `sampling` (sorted (name, value) pairs of decode.sampling.sample's settings) one sample per sentence."""
   model = Transformer(cfg)
 
   @jax.jit
-  def search(params, src, limits):
+  def search(params, src, limits, rng):
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
     cross = model.apply(variables, enc_out, method="cross_kv")
@@ -61,8 +65,14 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     def tokens_to_logits(ids, cache):
       return model.apply(variables, ids, cache, cross, src_mask, method="decode_step")
 
+    cache = init_cache(cfg, src.shape[0], steps)
+    if sampling:
+      seqs, scores = sampling_lib.sample(
+          tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
+          eos_id=3, bos_id=2, min_len=min_len, **dict(sampling))
+      return seqs[:, None], scores[:, None]
     return beam_lib.beam_search(
-        tokens_to_logits, init_cache(cfg, src.shape[0], steps), batch_size=src.shape[0],
+        tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
         min_len=min_len)
 
@@ -70,9 +80,12 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
 
 
 def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
-              batch_tokens=4096, nbest=1, min_len=0, progress=False):
+              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
+  sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
+  repetition_penalty) to draw one translation per sentence instead (seeded by `seed`; temperature 0 is
+  greedy); beam_size then only sizes the batches and nbest must be 1.
   max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
@@ -84,6 +97,10 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
                      f"{cfg.vocab_size}; use the run's own vocab.model")
   if not 1 <= nbest <= beam_size:
     raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
+  if sampling is not None and nbest != 1:
+    raise ValueError("sampling draws one translation per sentence: use nbest=1")
+  sampling_key = tuple(sorted((sampling or {}).items()))
+  rng = jax.random.key(seed)
   if vocab.eos_id != 3 or vocab.bos_id != 2:
     raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
   sentences = list(sentences)
@@ -111,10 +128,10 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
     max_rows = _pow2_floor(batch_tokens // (padded * beam_size))
     steps = min(padded + max_extra_len, limit)
-    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps)
+    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
-      rows = _rows(len(chunk))
+      rows = _rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
       lengths = np.ones((rows,), np.int32)
@@ -123,7 +140,8 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
         src[r, :len(ids[i])] = ids[i]
         lengths[r] = len(ids[i])
       limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
-      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits)))
+      rng, batch_rng = jax.random.split(rng)
+      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), batch_rng))
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
       bar.update(len(chunk))

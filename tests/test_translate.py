@@ -72,7 +72,7 @@ def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_par
     src[r, :len(s)] = s
   limits = np.array([len(s) + 5 for s in ids], np.int32)
   search = translate_lib._search_fn(model.cfg, 3, 0.6, 0, padded + 5)
-  seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits)))
+  seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), jax.random.key(0)))
   for r in range(4):
     for j in range(3):
       tokens = list(seqs[r, j])
@@ -90,7 +90,7 @@ def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_par
 def test_buckets_and_rows_keep_the_number_of_shapes_small():
   assert [translate_lib._bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == \
       [8, 8, 12, 12, 16, 24, 32, 48, 64, 96]
-  assert [translate_lib._rows(n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+  assert [translate_lib._rows(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
 
 
 def test_mismatched_vocabulary_size_is_refused(model_and_params, corpus):
@@ -144,6 +144,13 @@ def test_decode_command_writes_one_line_per_input_and_scores(run, corpus, tmp_pa
   rows = [line.split("\t") for line in out.read_text().splitlines()]
   assert len(rows) == 12 and [r[:2] for r in rows[:2]] == [["1", "1"], ["1", "2"]]
   assert float(rows[0][2]) >= float(rows[1][2])
+
+  # Temperature 0 is greedy, which is beam 1.
+  decode_main(["--workdir", str(run), "--input", str(src), "--output", str(out), "--temperature", "0",
+               "--max_extra_len", "5", "--beam_size", "3"])
+  greedy = out.read_text().split("\n")[:-1]
+  assert greedy[:2] + greedy[3:] == translate_lib.translate(model, params, vocab, [s for s, _ in pairs],
+                                                           beam_size=1, max_extra_len=5)
 
 
 def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path, corpus):

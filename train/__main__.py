@@ -50,7 +50,9 @@ def main(argv):
     for src, ref, hyp in outcome.samples or []:
       print(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
   print(f"run directory: {outcome.workdir}")
-  print(f"decode with:   python -m decode --workdir {os.path.relpath(outcome.workdir)} --input FILE")
+  shown = os.path.relpath(outcome.workdir)
+  shown = outcome.workdir if shown.startswith("..") else shown
+  print(f"decode with:   python -m decode --workdir {shown} --input FILE --output FILE")
 
 
 if __name__ == "__main__":
