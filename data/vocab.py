@@ -68,14 +68,21 @@ def check_vocab(vocab: Vocab, expected_fingerprint: str | None, where: str) -> N
                      f"trained with (fingerprint {expected_fingerprint}); use that run's vocab.model")
 
 
-def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentences: int) -> bytes:
-  """Trains a unigram SentencePiece model on a seeded random sample of `texts`; returns its bytes."""
+MODEL_TYPES = ("bpe", "unigram")
+
+
+def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentences: int,
+                model_type: str = "bpe") -> bytes:
+  """Trains a SentencePiece model (byte-pair encoding, as the paper, or unigram) on a seeded random
+  sample of `texts`; returns its bytes."""
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"config.data.vocab_model_type={model_type!r}: use one of {MODEL_TYPES}")
   rng = random.Random(seed)
   sample = texts if len(texts) <= sample_sentences else rng.sample(texts, sample_sentences)
   print(f"[data] training a {vocab_size}-piece SentencePiece vocabulary on {len(sample)} sentences")
   writer = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type="unigram",
+      sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,
       character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
       input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
       minloglevel=2)
@@ -91,7 +98,8 @@ def get_vocab(data_config, workdir) -> Vocab:
   pairs = load_pairs(data_config, "train")
   texts = [side for pair in pairs for side in pair]
   model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
-                      sample_sentences=int(data_config.vocab_sample_sentences))
+                      sample_sentences=int(data_config.vocab_sample_sentences),
+                      model_type=data_config.get("vocab_model_type", "bpe"))
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
   tmp.write_bytes(model)

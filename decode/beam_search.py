@@ -55,7 +55,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   """Returns (sequences int32 [b, k, L], scores float32 [b, k]), best first.
 
   max_len: an int, or int32 [b] per-sentence limits on the generated length (eos included); L is its
-  maximum (or max_steps when max_len is traced). min_len: eos is not allowed before min_len tokens.
+  maximum (or max_steps when max_len is traced). min_len: eos is not allowed before min_len tokens
+  (except at a sentence's limit, where only eos is).
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -92,8 +93,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
     is_eos = jnp.arange(vocab) == eos_id
     at_limit = (i + 1 >= limits)[:, None, None]               # the last token a sentence may make
     logp = jnp.where(at_limit & ~is_eos, NEG_INF, logp)
-    if min_len > 0:
-      logp = jnp.where((i < min_len) & is_eos, NEG_INF, logp)
+    if min_len > 0:   # the limit wins over min_len: every hypothesis ends in eos
+      logp = jnp.where((i < min_len) & is_eos & ~at_limit, NEG_INF, logp)
     # A finished sentence (or one past its limit) extends nothing.
     dead = (s["finished"] | (i >= limits))[:, None, None]
     total = jnp.where(dead, NEG_INF, s["alive_logp"][:, :, None] + logp).reshape(b, k * vocab)

@@ -1,8 +1,17 @@
 """The default experiment: a small Transformer on the embedded synthetic corpus, on CPU.
 
 Command:  python -m train            (same as: python -m train --config experiments/default.py)
-Expected: test sacreBLEU >= 90 in under 10 minutes on a 2-core CPU.
+Expected: test sacreBLEU about 92 (>= 90) after 800 steps; about 18 minutes on a 2-core CPU from a fresh
+          clone (data generation, vocabulary, compiles and the final test-set beam search included).
+          The dev BLEU passes 90 at about step 800 (dev_sentences=300, measured).
 Smoke:    python -m train --config experiments/default.py:smoke --workdir /tmp/smoke  (seconds)
+
+Why these settings: on 2 CPU cores the budget is about 1,000 optimizer steps, so the model is small
+(d_model 128, 2+2 layers, 2.3M parameters with the 8,000-piece vocabulary) and learns fast: byte-pair
+pieces that mostly keep words whole (12-13 pieces per sentence instead of 19-20 with a 4,000-piece
+unigram model; dev BLEU 50 instead of 28 after 400 steps), no dropout (800 steps are about one pass over
+the corpus: nothing to regularise, and dropout costs ~25% of the step time), and a cosine schedule peaking
+at 2e-3 after 200 steps (6e-3 stalled).
 """
 import ml_collections
 
@@ -14,12 +23,16 @@ def get_config(arg=None):
 
   # Architecture: fields of model.config.TransformerConfig (vocab_size comes from the vocabulary).
   config.model = ml_collections.ConfigDict(dict(
-      d_model=256, d_ff=1024, num_heads=4, d_k=None, d_v=None,
-      num_encoder_layers=3, num_decoder_layers=3,
-      dropout_rate=0.1, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
+      d_model=128, d_ff=512, num_heads=4, d_k=None, d_v=None,
+      num_encoder_layers=2, num_decoder_layers=2,
+      dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
       max_len=256, dtype="float32", param_dtype="float32",
       pre_norm=False, learned_positions=False, share_embeddings=True, attention_bias=True,
   ))
+
+  # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).
+  config.model.d_k = ml_collections.FieldReference(None, field_type=int)
+  config.model.d_v = ml_collections.FieldReference(None, field_type=int)
 
   # Data (owned by data/): see README "Data".
   config.data = ml_collections.ConfigDict(dict(
@@ -30,8 +43,9 @@ def get_config(arg=None):
       src_lang="en", tgt_lang="de",
       synthetic_seed=0,            # the embedded corpus: generator seed and training-split size
       synthetic_train_size=200_000,
-      vocab_size=4000,             # shared SentencePiece pieces (the paper: ~37,000 for EN-DE)
-      vocab_sample_sentences=200_000,  # seeded random sample of training sentences for the vocabulary
+      vocab_size=8000,             # shared SentencePiece pieces (the paper: ~37,000 for EN-DE)
+      vocab_model_type="bpe",      # bpe (the paper's byte-pair encoding) | unigram
+      vocab_sample_sentences=50_000,  # seeded random sample of training sentences for the vocabulary
       vocab_seed=0,
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
       batch_tokens=4096,           # target tokens per batch (the paper: ~25,000)
@@ -41,10 +55,10 @@ def get_config(arg=None):
 
   # Training (owned by train/).
   config.train = ml_collections.ConfigDict(dict(
-      num_steps=3000,
-      schedule="paper",            # paper | inverse_sqrt | cosine
-      learning_rate=1.0,           # multiplier for "paper", peak lr for the others
-      warmup_steps=4000,
+      num_steps=800,
+      schedule="cosine",           # paper | inverse_sqrt | cosine
+      learning_rate=2e-3,          # multiplier for "paper", peak lr for the others
+      warmup_steps=200,
       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
       label_smoothing=0.1,
       weight_decay=0.0,
@@ -52,14 +66,15 @@ def get_config(arg=None):
       grad_accum_steps=1,
       fsdp=False,
       log_every=50,
-      eval_every=500,
-      bleu_every=1000,
+      eval_every=200,
+      bleu_every=0,                # 0: no periodic dev BLEU (the end scores the test set)
       checkpoint_every_steps=500,
       checkpoint_every_minutes=10.0,
       keep_checkpoints=5,
       init_checkpoint="",          # "RUN_DIR[:STEP|:averaged]": start from its parameters (if no checkpoint)
-      dev_sentences=0,             # dev pairs used by periodic evals (loss and BLEU; 0: all)
+      dev_sentences=300,           # dev pairs used by periodic evals (loss and BLEU; 0: all)
       test_bleu=True,              # at the end: test-set sacreBLEU and sample translations
+      test_sentences=0,            # test pairs scored at the end (0: all)
       num_samples=3,               # sample translations printed at the end
       tensorboard=True,            # event files in workdir/tb
       progress=True,               # tqdm progress bar on the console
@@ -75,7 +90,7 @@ def get_config(arg=None):
     config.data.update(synthetic_train_size=2000, vocab_size=300, vocab_sample_sentences=2000,
                        batch_tokens=256, max_len=32)
     config.train.update(num_steps=2, warmup_steps=10, log_every=1, eval_every=2, bleu_every=2,
-                        checkpoint_every_steps=2)
+                        checkpoint_every_steps=2, dev_sentences=64, test_sentences=64)
   elif arg not in (None, ""):
     raise ValueError(f"experiments/default.py: unknown arg {arg!r}; use '' or 'smoke'")
   return config

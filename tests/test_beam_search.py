@@ -143,6 +143,11 @@ def test_min_len_and_forced_eos_at_max_len():
   model = PrefixModel(6, seed=6, eos_bias=-8.0)    # eos very unlikely: the limit forces it
   seqs, _ = _search(model, [0, 1], beam_size=2, max_len=7, alpha=0.6)
   assert all(_strip(q)[-1] == EOS and len(_strip(q)) == 7 for q in seqs.reshape(-1, 7))
+  # min_len >= max_len (how benchmarks force exactly max_len tokens): the limit still ends them in eos.
+  model = PrefixModel(6, seed=6, eos_bias=4.0)
+  seqs, scores = _search(model, [0, 1], beam_size=2, max_len=5, alpha=0.6, min_len=5)
+  assert np.all(scores > -1e8)
+  assert all(len(_strip(q)) == 5 and _strip(q)[-1] == EOS for q in seqs.reshape(-1, 5))
 
 
 def test_the_loop_stops_early_once_no_live_hypothesis_can_win():

@@ -49,7 +49,7 @@ def run(tmp_path_factory):
   """A run directory with the default experiment's layout, a 2+2-layer model and a 60-piece vocabulary."""
   workdir = tmp_path_factory.mktemp("run")
   rng = random.Random(0)
-  model_bytes = train_vocab(sentences(rng, 400), 60, seed=0, sample_sentences=400)
+  model_bytes = train_vocab(sentences(rng, 400), 60, seed=0, sample_sentences=400, model_type="unigram")
   (workdir / "vocab.model").write_bytes(model_bytes)
   vocab = Vocab.load(workdir / "vocab.model")
   config = get_config("smoke")

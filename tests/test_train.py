@@ -58,7 +58,7 @@ def comparable(lines):
 def test_loss_falls_on_the_embedded_corpus(tmp_path):
   config = smoke_config(**{"train.num_steps": 24, "train.log_every": 6, "train.eval_every": 12,
                            "train.checkpoint_every_steps": 12, "train.schedule": "inverse_sqrt",
-                           "train.learning_rate": 3e-3, "train.tensorboard": True})
+                           "train.learning_rate": 1e-2, "train.tensorboard": True})
   outcome = train_and_evaluate(config, tmp_path)
   assert outcome.step == 24 and outcome.interrupted is None
   lines = metrics_io.read_metrics(tmp_path)
@@ -158,3 +158,17 @@ def test_overrides_and_misspelled_keys(tmp_path):
   assert config_io.load_run_config(tmp_path).to_dict() == config.to_dict()
   code, out = finish(trainer(tmp_path / "x", "train.num_stepz=3"), timeout=60)
   assert code != 0 and "num_stepz" in out
+
+
+def test_dev_and_test_bleu_come_from_real_decoding(tmp_path):
+  config = smoke_config(**{"train.num_steps": 3, "train.eval_every": 2, "train.bleu_every": 2,
+                           "train.dev_sentences": 16, "train.test_bleu": True, "train.test_sentences": 16,
+                           "train.num_samples": 2, "decode.max_extra_len": 4})
+  outcome = train_and_evaluate(config, tmp_path / "run")
+  lines = metrics_io.read_metrics(tmp_path / "run")
+  bleu_lines = [line for line in lines if "eval/bleu" in line]
+  assert [line["step"] for line in bleu_lines] == [2]
+  test_lines = [line for line in lines if "test/bleu" in line]
+  assert len(test_lines) == 1 and test_lines[0]["test/signature"].startswith("nrefs:1|case:mixed")
+  assert test_lines[0]["test/bleu"] == outcome.test_bleu and 0.0 <= outcome.test_bleu <= 100.0
+  assert len(outcome.samples) == 2 and all(isinstance(hyp, str) for _, _, hyp in outcome.samples)

@@ -297,6 +297,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     eval_result = outcome.eval = evaluate(step, with_bleu=False)
   if tc.test_bleu:
     test_pairs = load_pairs(config.data, "test")
+    if tc.get("test_sentences", 0):
+      test_pairs = test_pairs[:tc.test_sentences]
     bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode)
     writer.write(step, {"test/bleu": bleu, "test/signature": signature})
     outcome.test_bleu, outcome.test_signature = bleu, signature
