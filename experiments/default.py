@@ -1,17 +1,19 @@
 """The default experiment: a small Transformer on the embedded synthetic corpus, on CPU.
 
 Command:  python -m train            (same as: python -m train --config experiments/default.py)
-Expected: test sacreBLEU about 92 (>= 90) after 800 steps; about 18 minutes on a 2-core CPU from a fresh
-          clone (data generation, vocabulary, compiles and the final test-set beam search included).
-          The dev BLEU passes 90 at about step 800 (dev_sentences=300, measured).
+Expected: test sacreBLEU >= 90 after 1,000 steps, about 24 minutes on a 2-core CPU from a fresh clone
+          (corpus generation, vocabulary, compiles and the final test-set beam search included). Measured
+          on the way: 800 steps of this setup scored 88.8 test sacreBLEU in 19.8 minutes; a probe of this
+          1,000-step setup had dev BLEU 91.2 at step 800 (the cosine decays later) and dev accuracy 0.974
+          at step 1,000. The brief's target, >= 90 within 10 minutes, is not reached on this machine.
 Smoke:    python -m train --config experiments/default.py:smoke --workdir /tmp/smoke  (seconds)
 
 Why these settings: on 2 CPU cores the budget is about 1,000 optimizer steps, so the model is small
-(d_model 128, 2+2 layers, 2.3M parameters with the 8,000-piece vocabulary) and learns fast: byte-pair
+(d_model 128, 2+2 layers, 1.95M parameters with the 8,000-piece vocabulary) and learns fast: byte-pair
 pieces that mostly keep words whole (12-13 pieces per sentence instead of 19-20 with a 4,000-piece
-unigram model; dev BLEU 50 instead of 28 after 400 steps), no dropout (800 steps are about one pass over
-the corpus: nothing to regularise, and dropout costs ~25% of the step time), and a cosine schedule peaking
-at 2e-3 after 200 steps (6e-3 stalled).
+unigram model; dev BLEU 50 instead of 28 after 400 steps), no dropout (1,000 steps are about 1.3
+passes over the corpus: nothing to regularise, and dropout costs ~25% of the step time), and a
+cosine schedule peaking at 2e-3 after 200 steps (6e-3 stalled).
 """
 import ml_collections
 
@@ -55,7 +57,7 @@ def get_config(arg=None):
 
   # Training (owned by train/).
   config.train = ml_collections.ConfigDict(dict(
-      num_steps=800,
+      num_steps=1000,
       schedule="cosine",           # paper | inverse_sqrt | cosine
       learning_rate=2e-3,          # multiplier for "paper", peak lr for the others
       warmup_steps=200,
