@@ -33,15 +33,14 @@ def length_penalty(length, alpha):
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _static_len(max_len, max_steps):
+def static_len(max_len, max_steps, who="beam_search"):
+  """The loop length L: max_steps if given, else max(max_len), which must then be concrete."""
   if max_steps is not None:
     return int(max_steps)
-  if isinstance(max_len, (int, np.integer)):
-    return int(max_len)
   try:
     return int(np.max(np.asarray(max_len)))
   except jax.errors.TracerArrayConversionError as e:
-    raise ValueError("beam_search: max_len is a traced array; pass max_steps= (a Python int, at least "
+    raise ValueError(f"{who}: max_len is a traced array; pass max_steps= (a Python int, at least "
                      "max(max_len)) to fix the length of the output") from e
 
 
@@ -61,7 +60,7 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
   b, k = int(batch_size), int(beam_size)
-  steps = _static_len(max_len, max_steps)
+  steps = static_len(max_len, max_steps)
   if k < 1 or steps < 1:
     raise ValueError(f"beam_search: need beam_size >= 1 and max_len >= 1 (got {k}, {steps})")
   limits = jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,))

@@ -27,18 +27,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-
-def _static_len(max_len, max_steps):
-  """The loop length L: max_steps if given, else max(max_len), which must then be concrete."""
-  if max_steps is not None:
-    return int(max_steps)
-  try:
-    return int(np.max(np.asarray(max_len)))
-  except jax.errors.TracerArrayConversionError as e:
-    raise ValueError("sample: max_len is a traced array; pass max_steps= (a Python int, at least "
-                     "max(max_len)) to fix the length of the output") from e
+from decode.beam_search import static_len
 
 
 def apply_repetition_penalty(logits, seq, length, penalty):
@@ -83,7 +73,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
   are off; repetition_penalty 1.0 is off.
   """
   b = int(batch_size)
-  steps = _static_len(max_len, max_steps)
+  steps = static_len(max_len, max_steps, who="sample")
   if steps < 1:
     raise ValueError(f"sample: need max_len >= 1 (got {steps})")
   if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or repetition_penalty <= 0:
