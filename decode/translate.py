@@ -24,7 +24,6 @@ from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache
 
 
-
 def _bucket(length: int) -> int:
   """8, 12, 16, 24, 32, 48, 64, 96, ... (data.batching's buckets): padding wastes at most a third, and
   few shapes compile."""
