@@ -49,8 +49,8 @@ def get_config(arg=None):
       vocab_sample_sentences=50_000,  # seeded random sample of training sentences for the vocabulary
       vocab_seed=0,
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
-      batch_tokens=4096,           # target tokens per batch (the paper: ~25,000)
-      pack=False,
+      batch_tokens=2048,           # target tokens per batch (the paper: ~25,000)
+      pack=True,                   # several pairs per row: one batch shape, one compile, little padding
       num_workers=0,
   ))
 

@@ -11,6 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model.dropout import dropout
+
 # Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
 _MASKED = -1e9
 
@@ -45,8 +47,7 @@ def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True
     logits = jnp.where(mask, logits, _MASKED)
   weights = jax.nn.softmax(logits, axis=-1)
   if dropout_rate > 0.0 and not deterministic:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    weights = dropout(weights, dropout_rate, dropout_rng)
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype))  # [b, q_len, h, d_v]
 
 

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.dropout import Dropout
+
 
 def sinusoid(positions: jax.Array, d_model: int) -> jax.Array:
   """The paper's encoding, sin and cos interleaved exactly as its formula writes them.
@@ -49,7 +51,7 @@ class Embedder(nn.Module):
       self.positions = nn.Embed(self.max_len, self.d_model, dtype=self.dtype,
                                 param_dtype=self.param_dtype,
                                 embedding_init=nn.initializers.normal(stddev=0.02))
-    self.dropout = nn.Dropout(self.dropout_rate)
+    self.dropout = Dropout(self.dropout_rate)
 
   def __call__(self, ids, positions, deterministic=True):
     """ids, positions: int [b, len]. Returns [b, len, d_model] in the compute dtype."""

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from model.attention import MultiHeadAttention
+from model.dropout import Dropout
 from model.config import TransformerConfig
 
 
@@ -23,7 +24,7 @@ class FeedForward(nn.Module):
     dense = lambda n, name: nn.Dense(n, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype,
                                      kernel_init=nn.initializers.xavier_uniform(), name=name)
     h = nn.relu(dense(cfg.d_ff, "wi")(x))                 # [b, len, d_ff]
-    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+    h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
     return dense(cfg.d_model, "wo")(h)                    # [b, len, d_model]
 
 
@@ -45,7 +46,7 @@ class Residual(nn.Module):
 
   def setup(self):
     self.norm = layer_norm(self.cfg)
-    self.dropout = nn.Dropout(self.cfg.dropout_rate)
+    self.dropout = Dropout(self.cfg.dropout_rate)
 
   def __call__(self, x, sublayer, deterministic=True):
     if self.cfg.pre_norm:

@@ -122,6 +122,27 @@ class Transformer(nn.Module):
                         preferred_element_type=jnp.float32)
     return self.output_projection(y).astype(jnp.float32)
 
+  def output_table(self):
+    """The pre-softmax weights as [vocab, d_model] in the compute dtype: logits = y @ table^T."""
+    dtype = self.cfg.compute_dtype
+    if self.cfg.share_embeddings:
+      return self.shared_embedding.embedding.astype(dtype)
+    return self.output_projection.variables["params"]["kernel"].T.astype(dtype)
+
+  def features(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
+               tgt_positions=None, deterministic=True):
+    """Like __call__, but stops before the output projection (for a fused output layer and loss).
+
+    Returns (decoder outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model]).
+    """
+    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
+    tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
+    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
+    y = self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
+    if not self.cfg.share_embeddings and self.is_initializing():
+      self.output_projection(y[:, :1])   # creates its parameters when init goes through here
+    return y.astype(self.cfg.compute_dtype), self.output_table()
+
   def encode(self, src, src_segments=None, src_positions=None, deterministic=True):
     """src int [b, src_len] -> enc_out [b, src_len, d_model]."""
     src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)

@@ -202,3 +202,55 @@ def test_the_step_compiles_once_for_a_fixed_batch_shape():
   for i in range(3):
     state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(i))
   assert train_step._cache_size() == 1
+
+
+# ------------------------------------------------------------------------------------------------------
+# The fused output layer + loss equals full logits + the plain losses, in value and gradient.
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [5, 16, 4096])          # uneven, even, one chunk
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_fused_output_losses_equal_full_logits(chunk, label_smoothing):
+  rng = np.random.default_rng(chunk)
+  y = jnp.asarray(rng.standard_normal((3, 11, 8)), jnp.float32)
+  table = jnp.asarray(rng.standard_normal((VOCAB, 8)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, VOCAB, (3, 11)), jnp.int32)
+  weights = jnp.asarray(rng.random((3, 11)) < 0.7, jnp.float32)
+
+  def full(y, table):
+    logits = jnp.einsum("btd,vd->btv", y, table)
+    return (loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing),
+            loss_lib.nll(logits, targets, weights), loss_lib.correct(logits, targets, weights))
+
+  def fused(y, table):
+    return loss_lib.fused_output_losses(y, table, targets, weights, label_smoothing, chunk)
+
+  np.testing.assert_allclose(fused(y, table), full(y, table), rtol=1e-5)
+  grad = lambda f: jax.grad(lambda y, t: 2.5 * f(y, t)[0], argnums=(0, 1))(y, table)
+  for got, want in zip(grad(fused), grad(full)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_fused_and_full_logit_steps_train_alike(share_embeddings):
+  """A few steps with the fused output loss give the parameters and metrics of the full-logits path."""
+  config = tiny_config()
+  config.model.share_embeddings = share_embeddings
+  results = []
+  for chunk in (0, 16):
+    mesh = step_lib.make_mesh(jax.devices()[:1])
+    model = step_lib.make_model(config, VOCAB)
+    schedule = schedules.make_schedule(config.train, config.model.d_model)
+    tx = make_optimizer(config.train, schedule)
+    state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
+    step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1,
+                                   loss_chunk_tokens=chunk)
+    history = []
+    for i in range(3):
+      state, metrics = step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(7))
+      history.append(jax.device_get(metrics))
+    results.append((jax.device_get(state.params), history))
+  (params_full, hist_full), (params_fused, hist_fused) = results
+  for a, b in zip(hist_full, hist_fused):
+    for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
+      np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
+  assert_params_close(params_full, params_fused)

@@ -3,6 +3,8 @@ real target tokens of the whole global batch (not per device, not per micro-batc
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -38,3 +40,102 @@ def nll(logits, targets, weights):
 def correct(logits, targets, weights):
   """Number of weighted tokens whose argmax prediction is the target (float32 scalar)."""
   return jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The output layer and the loss fused, chunk by chunk over tokens.
+# ----------------------------------------------------------------------------------------------------
+# With a vocabulary of thousands of pieces, the [tokens, vocab] float32 logits are the largest tensor of
+# the step (4,096 tokens x 8,000 pieces = 131 MB), and the plain path writes and reads it several times:
+# the projection, the log-softmax, the loss, the metrics, and again in the backward pass. Here each chunk
+# of tokens computes its logits, the three sums and the gradient of the smoothed loss at once, while its
+# logits are still in cache; the full logits never exist. The gradient is ready at the end of the forward
+# pass, so the backward pass only scales it by the incoming cotangent.
+
+
+def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
+  """One chunk. y [c, d] (compute dtype), table [vocab, d], targets int [c], weights float32 [c].
+
+  Returns (loss, nll, correct) float32 scalars, dy [c, d] and dtable [vocab, d] (float32), the gradients
+  of the smoothed loss sum.
+  """
+  vocab = table.shape[0]
+  logits = jnp.einsum("cd,vd->cv", y, table, preferred_element_type=jnp.float32)   # [c, vocab]
+  top = jnp.max(logits, axis=-1, keepdims=True)                                    # [c, 1]
+  exp = jnp.exp(logits - top)
+  total = jnp.sum(exp, axis=-1, keepdims=True)
+  lse = (top + jnp.log(total))[:, 0]                                                # [c]
+  target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]      # [c]
+  nll_tok = lse - target_logit
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  # sum_v q_v log p_v with q = low everywhere except confidence at the target (see smoothed_cross_entropy).
+  cross = low * (jnp.sum(logits, axis=-1) - vocab * lse) + (confidence - low) * (target_logit - lse)
+  entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20)) \
+      if label_smoothing > 0 else 0.0
+  loss = jnp.sum((-cross - entropy) * weights)
+  nll_sum = jnp.sum(nll_tok * weights)
+  correct_sum = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+  # d loss / d logits = (softmax - q) * weight.
+  onehot = jnp.arange(vocab)[None, :] == targets[:, None]                          # [c, vocab]
+  dlogits = (exp / total - jnp.where(onehot, confidence, low)) * weights[:, None]
+  dlogits = dlogits.astype(y.dtype)
+  dy = jnp.einsum("cv,vd->cd", dlogits, table, preferred_element_type=jnp.float32)
+  dtable = jnp.einsum("cv,cd->vd", dlogits, y, preferred_element_type=jnp.float32)
+  return (loss, nll_sum, correct_sum), dy, dtable
+
+
+def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens):
+  d = y.shape[-1]
+  lead = y.shape[:-1]
+  y2 = y.reshape(-1, d)                                        # [tokens, d]
+  t2, w2 = targets.reshape(-1), weights.reshape(-1).astype(jnp.float32)
+  tokens = y2.shape[0]
+  chunk = max(1, min(int(chunk_tokens), tokens))
+  chunks = -(-tokens // chunk)
+  pad = chunks * chunk - tokens
+  if pad:   # padded tokens have weight 0: they add nothing to the sums or the gradients
+    y2 = jnp.pad(y2, ((0, pad), (0, 0)))
+    t2 = jnp.pad(t2, (0, pad))
+    w2 = jnp.pad(w2, (0, pad))
+
+  def body(dtable, xs):
+    yc, tc, wc = xs
+    sums, dy, dt = _chunk_sums_and_grads(yc, table, tc, wc, label_smoothing)
+    return dtable + dt, (sums, dy)
+
+  split = lambda x: x.reshape(chunks, chunk, *x.shape[1:])
+  dtable, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape, jnp.float32),
+                                    (split(y2), split(t2), split(w2)))
+  sums = tuple(jnp.sum(s) for s in sums)
+  dy = dy.reshape(chunks * chunk, d)[:tokens].reshape(*lead, d)
+  return sums, (dy.astype(y.dtype), dtable.astype(table.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024):
+  """The output projection, softmax and losses in one pass, without materialising the logits.
+
+  y: decoder outputs [..., d_model]; table: the output embedding [vocab, d_model] (logits = y @ table^T,
+  accumulated in float32); targets int [...]; weights float [...] (1 on real tokens, 0 on padding).
+  Returns (smoothed loss sum, nll sum, correct sum), float32 scalars, equal to
+  smoothed_cross_entropy, nll and correct on the full logits.
+  Gradients flow through the smoothed loss only: nll and correct are metrics (zero gradient).
+  """
+  sums, _ = _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens)
+  return sums
+
+
+def _fused_fwd(y, table, targets, weights, label_smoothing, chunk_tokens):
+  sums, grads = _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens)
+  return sums, grads
+
+
+def _fused_bwd(label_smoothing, chunk_tokens, grads, cotangents):
+  del label_smoothing, chunk_tokens
+  dy, dtable = grads
+  g = cotangents[0]   # the loss's; nll and correct are metrics
+  return g.astype(dy.dtype) * dy, g.astype(dtable.dtype) * dtable, None, None
+
+
+fused_output_losses.defvjp(_fused_fwd, _fused_bwd)

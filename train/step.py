@@ -25,6 +25,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from model import Transformer, TransformerConfig
 from train import loss as loss_lib
 
+# Tokens per chunk of the fused output layer and loss (see loss.fused_output_losses); 0: full logits.
+DEFAULT_LOSS_CHUNK = 1024
+
 BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
@@ -126,31 +129,38 @@ def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
 # ----------------------------------------------------------------------------------------------------
 # Loss sums for one (micro-)batch.
 # ----------------------------------------------------------------------------------------------------
-def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, deterministic):
-  """Forward pass -> (smoothed loss sum, aux sums). Every sum is over real target tokens."""
-  logits = model.apply(
-      {"params": params}, batch["src"], batch["tgt_in"],
-      src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
-      src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
-      deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key})
+def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, deterministic, chunk_tokens=0):
+  """Forward pass -> (smoothed loss sum, aux sums). Every sum is over real target tokens.
+
+  chunk_tokens > 0 fuses the output projection with the loss, chunk_tokens tokens at a time
+  (loss.fused_output_losses: same sums, no [tokens, vocab] logits in memory); 0 computes full logits.
+  """
+  inputs = dict(src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
+                src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
+                deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key})
   weights = (batch["tgt_segments"] != 0).astype(jnp.float32)                 # [rows, tgt_len]
   targets = batch["tgt_out"]
-  loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-  aux = {"loss": loss,
-         "nll": loss_lib.nll(logits, targets, weights),
-         "correct": loss_lib.correct(logits, targets, weights),
-         "tokens": jnp.sum(weights)}
+  if chunk_tokens:
+    y, table = model.apply({"params": params}, batch["src"], batch["tgt_in"], method="features", **inputs)
+    loss, nll, correct = loss_lib.fused_output_losses(y, table, targets, weights, label_smoothing,
+                                                      chunk_tokens)
+  else:
+    logits = model.apply({"params": params}, batch["src"], batch["tgt_in"], **inputs)
+    loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+    nll = loss_lib.nll(logits, targets, weights)
+    correct = loss_lib.correct(logits, targets, weights)
+  aux = {"loss": loss, "nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
   return loss, aux
 
 
-def _grad_sums(params, batch, rng, *, model, label_smoothing, accum_steps, micro_sharding):
+def _grad_sums(params, batch, rng, *, model, label_smoothing, accum_steps, micro_sharding, chunk_tokens):
   """Gradient of the loss SUM and the aux sums, over accum_steps micro-batches of `batch`.
 
   Micro-batch i takes rows i, i + accum, i + 2 accum, ...: each device keeps its own block of rows, so
   splitting needs no communication.
   """
   grad_fn = jax.grad(_loss_sums, has_aux=True)
-  kwargs = dict(model=model, label_smoothing=label_smoothing, deterministic=False)
+  kwargs = dict(model=model, label_smoothing=label_smoothing, deterministic=False, chunk_tokens=chunk_tokens)
   if accum_steps == 1:
     return grad_fn(params, batch, rng, **kwargs)
 
@@ -176,7 +186,7 @@ def _grad_sums(params, batch, rng, *, model, label_smoothing, accum_steps, micro
 # The steps.
 # ----------------------------------------------------------------------------------------------------
 def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, label_smoothing: float,
-               accum_steps: int = 1, micro_sharding=None):
+               accum_steps: int = 1, micro_sharding=None, loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK):
   """One optimizer update on one global batch. Pure.
 
   batch: dict of int32 [rows, len] (rows divisible by devices * accum_steps); rng: the run's train key,
@@ -185,7 +195,8 @@ def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, labe
   """
   rng = jax.random.fold_in(rng, state.step)
   grads, aux = _grad_sums(state.params, batch, rng, model=model, label_smoothing=label_smoothing,
-                          accum_steps=accum_steps, micro_sharding=micro_sharding)
+                          accum_steps=accum_steps, micro_sharding=micro_sharding,
+                          chunk_tokens=loss_chunk_tokens)
   tokens = jnp.maximum(aux["tokens"], 1.0)     # real target tokens of the whole global batch
   grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -208,13 +219,14 @@ def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, labe
   return new_state, metrics
 
 
-def eval_step(params, batch: dict, *, model, label_smoothing: float):
+def eval_step(params, batch: dict, *, model, label_smoothing: float,
+              loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK):
   """Loss sums of one batch with dropout off: {'loss','nll','correct','tokens'} float32 scalars.
 
   The caller adds them over batches and divides by 'tokens' (see `finish_eval`).
   """
   _, aux = _loss_sums(params, batch, None, model=model, label_smoothing=label_smoothing,
-                      deterministic=True)
+                      deterministic=True, chunk_tokens=loss_chunk_tokens)
   return aux
 
 
@@ -227,18 +239,21 @@ def finish_eval(sums: dict) -> dict:
 
 
 def jit_train_step(model, tx, schedule, mesh: Mesh, shardings, *, label_smoothing: float,
-                   accum_steps: int = 1):
+                   accum_steps: int = 1, loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK):
   """train_step jitted with explicit shardings; the state argument is donated."""
   replicated = NamedSharding(mesh, P())
   fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                          label_smoothing=label_smoothing, accum_steps=accum_steps,
+                         loss_chunk_tokens=loss_chunk_tokens,
                          micro_sharding=NamedSharding(mesh, P(None, "data")))
   return jax.jit(fn, in_shardings=(shardings, batch_sharding(mesh), replicated),
                  out_shardings=(shardings, replicated), donate_argnums=0)
 
 
-def jit_eval_step(model, mesh: Mesh, param_shardings, *, label_smoothing: float):
+def jit_eval_step(model, mesh: Mesh, param_shardings, *, label_smoothing: float,
+                  loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK):
   """eval_step jitted with explicit shardings (params are not donated)."""
-  fn = functools.partial(eval_step, model=model, label_smoothing=label_smoothing)
+  fn = functools.partial(eval_step, model=model, label_smoothing=label_smoothing,
+                         loss_chunk_tokens=loss_chunk_tokens)
   return jax.jit(fn, in_shardings=(param_shardings, batch_sharding(mesh)),
                  out_shardings=NamedSharding(mesh, P()))
