@@ -189,9 +189,12 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # Steps: jitted once, with explicit shardings; the state is donated.
   # ------------------------------------------------------------------------------------------------
+  chunk = int(tc.get("loss_chunk_tokens", step_lib.DEFAULT_LOSS_CHUNK))
   train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
-                                       label_smoothing=tc.label_smoothing, accum_steps=accum)
-  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing)
+                                       label_smoothing=tc.label_smoothing, accum_steps=accum,
+                                       loss_chunk_tokens=chunk)
+  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing,
+                                     loss_chunk_tokens=chunk)
 
   # ------------------------------------------------------------------------------------------------
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
