@@ -51,6 +51,25 @@ def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype))  # [b, q_len, h, d_v]
 
 
+def cached_attention(q, k, v, mask, dtype=jnp.float32):
+  """Attention against head-major keys and values, the layout of the decoding caches.
+
+  q: [b, q_len, h, d_k]; k: [b, h, kv_len, d_k]; v: [b, h, kv_len, d_v]; mask: bool broadcastable to
+  [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
+  With heads before positions, both matmuls read the (long) keys and values as they lie in memory; the
+  position-major layout of the teacher-forced pass would make XLA transpose the whole cache every step.
+  """
+  scale = q.shape[-1] ** -0.5
+  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
+  logits = jnp.einsum("bhqd,bhkd->bhqk", q, k.astype(q.dtype),
+                      preferred_element_type=jnp.float32)                   # [b, h, q_len, kv_len]
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  weights = jax.nn.softmax(logits, axis=-1)
+  out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(dtype), v.astype(dtype))  # [b, h, q_len, d_v]
+  return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
+
+
 class MultiHeadAttention(nn.Module):
   """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
 
@@ -91,6 +110,11 @@ class MultiHeadAttention(nn.Module):
     heads = dot_product_attention(q, k, v, mask, dropout_rate=self.dropout_rate,
                                   deterministic=deterministic, dropout_rng=rng, dtype=self.dtype)
     return self.out(heads)
+
+  def attend_cached(self, q, k, v, mask):
+    """Queries [b, q, h, d_k] against head-major keys [b, h, kv, d_k] and values [b, h, kv, d_v]
+    (decoding; no dropout). Returns the projected output [b, q, d_model]."""
+    return self.out(cached_attention(q, k, v, mask, dtype=self.dtype))
 
   def __call__(self, x, memory, mask, deterministic=True):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""

@@ -95,28 +95,29 @@ class DecoderLayer(nn.Module):
     return self.residual_ffn(x, lambda y: self.ffn(y, deterministic), deterministic)
 
   def cross_kv(self, enc_out):
-    """Cross-attention keys [b, src_len, h, d_k] and values [b, src_len, h, d_v], once per source."""
-    return self.cross_attention.project_kv(enc_out)
+    """Cross-attention keys [b, h, src_len, d_k] and values [b, h, src_len, d_v] (head-major, the layout
+    `cached_attention` reads without a transpose), once per source."""
+    keys, values = self.cross_attention.project_kv(enc_out)             # [b, src_len, h, d]
+    return jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
 
   def step(self, x, layer_cache, index, cross, src_mask):
     """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
 
-    x: [n, 1, d_model], the embedded current tokens; layer_cache: {'k': [n, L, h, d_k], 'v': [n, L, h, d_v]};
+    x: [n, 1, d_model], the embedded current tokens; layer_cache: {'k': [n, h, L, d_k], 'v': [n, h, L, d_v]};
     index: int32 scalar, the position being decoded (all rows decode in lockstep);
-    cross: (keys [b, src_len, h, d_k], values [b, src_len, h, d_v]); src_mask: bool [b, src_len].
+    cross: (keys [b, h, src_len, d_k], values [b, h, src_len, d_v]); src_mask: bool [b, src_len].
     Returns (y [n, 1, d_model], new layer_cache).
     """
     new_cache = {}
 
     def self_attend(y):
       k_new, v_new = self.self_attention.project_kv(y)                 # [n, 1, h, d]
-      k = jax.lax.dynamic_update_slice_in_dim(layer_cache["k"], k_new.astype(layer_cache["k"].dtype),
-                                              index, axis=1)
-      v = jax.lax.dynamic_update_slice_in_dim(layer_cache["v"], v_new.astype(layer_cache["v"].dtype),
-                                              index, axis=1)
+      write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(
+          cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), index, axis=2)
+      k, v = write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)   # [n, h, L, d]
       new_cache.update(k=k, v=v)
-      visible = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]  # [1, 1, 1, L]
-      return self.self_attention.attend(self.self_attention.project_q(y), k, v, visible)
+      visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]  # [1, 1, 1, L]
+      return self.self_attention.attend_cached(self.self_attention.project_q(y), k, v, visible)
 
     def cross_attend(y):
       keys, values = cross
@@ -127,7 +128,7 @@ class DecoderLayer(nn.Module):
       q = self.cross_attention.project_q(y).reshape(
           b, n // b, self.cfg.num_heads, self.cfg.head_dim_k)           # [b, k, h, d_k]
       mask = src_mask[:, None, None, :]                                 # [b, 1, 1, src_len]
-      out = self.cross_attention.attend(q, keys, values, mask)          # [b, k, d_model]
+      out = self.cross_attention.attend_cached(q, keys, values, mask)   # [b, k, d_model]
       return out.reshape(n, 1, -1)
 
     x = self.residual_self(x, self_attend)

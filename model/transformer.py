@@ -163,7 +163,7 @@ class Transformer(nn.Module):
     return self.decode(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic)
 
   def cross_kv(self, enc_out):
-    """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, src_len, h, d_k], values [..., d_v])."""
+    """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, h, src_len, d_k], values [b, h, src_len, d_v])."""
     return self.decoder.cross_kv(enc_out)
 
   def decode_step(self, ids, cache, cross, src_mask):
@@ -180,13 +180,14 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int):
   """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens.
 
   Every leaf has leading dimension batch_size (so beam search can tile and reorder it): per layer
-  'k' [batch_size, max_len, h, d_k] and 'v' [batch_size, max_len, h, d_v], and 'index' int32
-  [batch_size], the position the next token is written to (equal across rows).
+  'k' [batch_size, h, max_len, d_k] and 'v' [batch_size, h, max_len, d_v] (head-major: see
+  model.attention.cached_attention), and 'index' int32 [batch_size], the position the next token is
+  written to (equal across rows).
   """
   if max_len > cfg.max_len and cfg.learned_positions:
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
   dtype = cfg.compute_dtype
-  layer = lambda: {"k": jnp.zeros((batch_size, max_len, cfg.num_heads, cfg.head_dim_k), dtype),
-                   "v": jnp.zeros((batch_size, max_len, cfg.num_heads, cfg.head_dim_v), dtype)}
+  layer = lambda: {"k": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_k), dtype),
+                   "v": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_v), dtype)}
   return {"index": jnp.zeros((batch_size,), jnp.int32),
           "layers": [layer() for _ in range(cfg.num_decoder_layers)]}
