@@ -254,3 +254,20 @@ def test_fused_and_full_logit_steps_train_alike(share_embeddings):
     for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
       np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
   assert_params_close(params_full, params_fused)
+
+
+def test_data_parallel_fused_loss_gathers_nothing():
+  """Chunks of the fused loss keep every row, so on 8 devices each computes only its own rows: the
+  compiled data-parallel step has no all-gather (only the gradient all-reduce)."""
+  config = tiny_config()
+  mesh = step_lib.make_mesh()
+  assert mesh.devices.size == 8
+  model = step_lib.make_model(config, VOCAB)
+  schedule = schedules.make_schedule(config.train, config.model.d_model)
+  tx = make_optimizer(config.train, schedule)
+  state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
+  step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1,
+                                 loss_chunk_tokens=4)     # several chunks per device
+  hlo = step.lower(state, step_lib.place_batch(toy_batch(), mesh), jax.random.key(7)).compile().as_text()
+  assert "all-reduce" in hlo
+  assert "all-gather" not in hlo

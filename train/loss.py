@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float):
@@ -86,38 +87,48 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
 
 
 def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens):
-  d = y.shape[-1]
-  lead = y.shape[:-1]
-  y2 = y.reshape(-1, d)                                        # [tokens, d]
-  t2, w2 = targets.reshape(-1), weights.reshape(-1).astype(jnp.float32)
-  tokens = y2.shape[0]
-  chunk = max(1, min(int(chunk_tokens), tokens))
-  chunks = -(-tokens // chunk)
-  pad = chunks * chunk - tokens
-  if pad:   # padded tokens have weight 0: they add nothing to the sums or the gradients
-    y2 = jnp.pad(y2, ((0, pad), (0, 0)))
-    t2 = jnp.pad(t2, (0, pad))
-    w2 = jnp.pad(w2, (0, pad))
+  """Scans over chunks of target POSITIONS, each holding every row: [rows, positions/chunk, d] at a time.
+
+  Chunking along positions rather than along flattened tokens keeps the rows axis whole in every chunk,
+  so when rows are split over devices (data parallelism) each device computes its own rows of every
+  chunk and nothing is gathered.
+  """
+  *lead, length, d = y.shape
+  rows = int(np.prod(lead)) if lead else 1
+  y3 = y.reshape(rows, length, d)
+  t3, w3 = targets.reshape(rows, length), weights.reshape(rows, length).astype(jnp.float32)
+  per_chunk = max(1, min(length, int(chunk_tokens) // max(rows, 1)))   # positions per chunk
+  chunks = -(-length // per_chunk)
+  pad = chunks * per_chunk - length
+  if pad:   # padded positions have weight 0: they add nothing to the sums or the gradients
+    y3 = jnp.pad(y3, ((0, 0), (0, pad), (0, 0)))
+    t3 = jnp.pad(t3, ((0, 0), (0, pad)))
+    w3 = jnp.pad(w3, ((0, 0), (0, pad)))
+
+  def split(x):   # [rows, chunks * per_chunk, ...] -> [chunks, rows, per_chunk, ...]
+    return jnp.moveaxis(x.reshape(rows, chunks, per_chunk, *x.shape[2:]), 1, 0)
 
   def body(dtable, xs):
-    yc, tc, wc = xs
-    sums, dy, dt = _chunk_sums_and_grads(yc, table, tc, wc, label_smoothing)
-    return dtable + dt, (sums, dy)
+    yc, tc, wc = xs                                            # [rows, per_chunk, (d)]
+    sums, dy, dt = _chunk_sums_and_grads(yc.reshape(-1, d), table, tc.reshape(-1), wc.reshape(-1),
+                                         label_smoothing)
+    return dtable + dt, (sums, dy.reshape(rows, per_chunk, d))
 
-  split = lambda x: x.reshape(chunks, chunk, *x.shape[1:])
   dtable, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape, jnp.float32),
-                                    (split(y2), split(t2), split(w2)))
+                                    (split(y3), split(t3), split(w3)))
   sums = tuple(jnp.sum(s) for s in sums)
-  dy = dy.reshape(chunks * chunk, d)[:tokens].reshape(*lead, d)
-  return sums, (dy.astype(y.dtype), dtable.astype(table.dtype))
+  dy = jnp.moveaxis(dy, 0, 1).reshape(rows, chunks * per_chunk, d)[:, :length]
+  return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024):
   """The output projection, softmax and losses in one pass, without materialising the logits.
 
-  y: decoder outputs [..., d_model]; table: the output embedding [vocab, d_model] (logits = y @ table^T,
-  accumulated in float32); targets int [...]; weights float [...] (1 on real tokens, 0 on padding).
+  y: decoder outputs [rows, length, d_model] (any leading dims before length); table: the output
+  embedding [vocab, d_model] (logits = y @ table^T, accumulated in float32); targets int [rows, length];
+  weights float [rows, length] (1 on real tokens, 0 on padding). chunk_tokens: about this many tokens
+  (rows x a slice of positions) per chunk.
   Returns (smoothed loss sum, nll sum, correct sum), float32 scalars, equal to
   smoothed_cross_entropy, nll and correct on the full logits.
   Gradients flow through the smoothed loss only: nll and correct are metrics (zero gradient).

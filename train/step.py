@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from model import Transformer, TransformerConfig
 from train import loss as loss_lib
 
-# Tokens per chunk of the fused output layer and loss (see loss.fused_output_losses); 0: full logits.
+# Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses); 0: full logits.
 DEFAULT_LOSS_CHUNK = 1024
 
 BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
@@ -244,7 +244,7 @@ def jit_train_step(model, tx, schedule, mesh: Mesh, shardings, *, label_smoothin
   replicated = NamedSharding(mesh, P())
   fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                          label_smoothing=label_smoothing, accum_steps=accum_steps,
-                         loss_chunk_tokens=loss_chunk_tokens,
+                         loss_chunk_tokens=loss_chunk_tokens * mesh.devices.size,
                          micro_sharding=NamedSharding(mesh, P(None, "data")))
   return jax.jit(fn, in_shardings=(shardings, batch_sharding(mesh), replicated),
                  out_shardings=(shardings, replicated), donate_argnums=0)
@@ -254,6 +254,6 @@ def jit_eval_step(model, mesh: Mesh, param_shardings, *, label_smoothing: float,
                   loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK):
   """eval_step jitted with explicit shardings (params are not donated)."""
   fn = functools.partial(eval_step, model=model, label_smoothing=label_smoothing,
-                         loss_chunk_tokens=loss_chunk_tokens)
+                         loss_chunk_tokens=loss_chunk_tokens * mesh.devices.size)
   return jax.jit(fn, in_shardings=(param_shardings, batch_sharding(mesh)),
                  out_shardings=NamedSharding(mesh, P()))
