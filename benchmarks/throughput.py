@@ -15,7 +15,9 @@ installed are reported as absent. Prints a table and writes benchmarks/results/t
   measured here (a large jnp.dot), is the utilisation.
 - Decoding: target tokens/s for greedy and beam 4 on --decode_batch sentences of --src_len tokens, with
   exactly --decode_len generated tokens per sentence (eos suppressed by a minimum length), on one set of
-  random weights exported to the peers by decode/export.py.
+  random weights exported to the peers by decode/export.py. Ours is decode/translate.py's search with
+  the sentences split over one CPU device per core (as `python -m decode` runs it); CTranslate2 and
+  PyTorch use --threads intra-op threads.
 """
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ import platform
 import statistics
 import sys
 import time
+
+if __name__ == "__main__" and "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  # One CPU device per core, as `python -m decode` sets up: our decoding splits its sentences over them
+  # (decode/translate.py). The training step and the matmul peak use one device (which then still
+  # runs its matmuls on every core). Must happen before JAX starts.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={os.cpu_count() or 1}").strip()
 
 import jax
 import jax.numpy as jnp
@@ -204,77 +213,33 @@ def train_torch(args, batch) -> dict:
 # Decoding.
 # ----------------------------------------------------------------------------------------------------
 def decode_ours(args, params, src) -> dict:
-  """decode/'s greedy and beam search through the model's cached decode_step, with min_len = max_len.
-
-  Until decode/ provides them, greedy is a lax.scan over decode_step (eos masked) and beam is absent.
-  """
+  """decode/translate.py's jitted search (what `python -m decode` runs): greedy (sampling at temperature
+  0) and beam search with min_len = max_len, the sentences split over every local device."""
+  from decode.translate import _search_fn, device_mesh
   cfg = model_config(args)
-  model = Transformer(cfg)
   n = args.decode_len
-  try:
-    from decode.beam_search import beam_search
-  except ImportError as error:
-    beam_search, missing = None, error
-  try:
-    from decode.sampling import greedy
-  except ImportError:
-    greedy = None
-
-  def searcher(beam):
-    def run(params, src):
-      enc_out = model.apply({"params": params}, src, method="encode")
-      cross = model.apply({"params": params}, enc_out, method="cross_kv")
-      src_mask = src != PAD
-      rows = src.shape[0]
-
-      def tokens_to_logits(ids, cache):
-        logits, layers = model.apply({"params": params}, ids, cache["self"], cross, src_mask,
-                                     method="decode_step")
-        return logits, {"self": layers}
-      cache = {"self": init_cache_for(cfg, rows, n)}     # [rows] leaves; the search tiles them per beam
-      if beam == 1 and greedy is not None:
-        return greedy(tokens_to_logits, cache, batch_size=rows, max_len=n, eos_id=EOS, bos_id=BOS,
-                      min_len=n)
-      if beam_search is not None:
-        return beam_search(tokens_to_logits, cache, batch_size=rows, beam_size=beam, max_len=n,
-                           eos_id=EOS, bos_id=BOS, alpha=0.6 if beam > 1 else 0.0, min_len=n)
-      return scan_greedy(tokens_to_logits, cache, rows, n)
-    return jax.jit(run)
-
+  mesh = device_mesh()
+  devices = mesh.devices.size
+  if src.shape[0] % devices:
+    raise ValueError(f"--decode_batch {src.shape[0]} is not a multiple of the {devices} devices")
+  limits = jnp.full((src.shape[0],), n, jnp.int32)
   src = jnp.asarray(src)
+  params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   results = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
-    if beam > 1 and beam_search is None:
-      results[name] = _absent(missing)
-      continue
-    fn = searcher(beam)
+    sampling = (("temperature", 0.0),) if beam == 1 else ()
+    fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh if devices > 1 else None)
+    key = jax.random.key(0)
     start = time.perf_counter()
-    compiled = fn.lower(params, src).compile()
+    compiled = fn.lower(params, src, limits, key).compile()
     compile_s = time.perf_counter() - start
-    t = timed(lambda: jax.block_until_ready(compiled(params, src)), args.warmup, args.repeats)
+    t = timed(lambda: jax.block_until_ready(compiled(params, src, limits, key)), args.warmup, args.repeats)
     t["compile_s"] = compile_s
     t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
-    t["search"] = ("decode.sampling.greedy" if beam == 1 and greedy is not None else
-                   "decode.beam_search" if beam_search is not None else "lax.scan over decode_step")
+    t["search"] = (f"decode.translate: {'greedy' if beam == 1 else 'beam_search'} on {devices} CPU "
+                   f"device{'s' if devices > 1 else ''}")
     results[name] = t
   return results
-
-
-def scan_greedy(tokens_to_logits, cache, rows: int, n: int):
-  """Exactly n greedy tokens per row (eos masked out): a lax.scan over the cached decoder step."""
-  def body(carry, _):
-    ids, cache = carry
-    logits, cache = tokens_to_logits(ids, cache)                       # [rows, vocab]
-    ids = jnp.argmax(logits.at[:, EOS].set(-jnp.inf), axis=-1).astype(jnp.int32)
-    return (ids, cache), ids
-  start = jnp.full((rows,), BOS, jnp.int32)
-  _, out = jax.lax.scan(body, (start, cache), None, length=n)
-  return out.T                                                         # [rows, n]
-
-
-def init_cache_for(cfg, rows, n):
-  from model import init_cache
-  return init_cache(cfg, batch_size=rows, max_len=n)
 
 
 def decode_hf(args, hf_model, src) -> dict:

@@ -50,6 +50,15 @@ def _write_atomically(path: str, text: str) -> None:
   os.replace(tmp, target)
 
 
+def _cpu_devices(count: int) -> None:
+  """Before JAX starts: one host (CPU) device per core, so that decoding's data parallelism uses every
+  core (a decoding step is many small matmuls, which XLA runs on one core each). No effect on GPUs/TPUs,
+  nor when XLA_FLAGS already sets the count or JAX has already started (as in tests)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if count > 1 and "host_platform_device_count" not in flags and "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="python -m decode", description=__doc__.split("\n")[0],
                                    epilog=__doc__.split("\n", 1)[1],
@@ -78,9 +87,13 @@ def main(argv=None) -> None:
   parser.add_argument("--top_p", type=float, default=1.0, help="sampling: nucleus mass")
   parser.add_argument("--repetition_penalty", type=float, default=1.0, help="sampling: CTRL penalty")
   parser.add_argument("--seed", type=int, default=0, help="sampling: random seed")
+  parser.add_argument("--cpu_devices", type=int, default=os.cpu_count() or 1,
+                      help="on a CPU, split it into this many devices (default: one per core); translate "
+                           "shares each batch's sentences out over all devices")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   args = parser.parse_args(argv)
+  _cpu_devices(args.cpu_devices)
   from train.config_io import load_run_config
   try:
     run_decode = load_run_config(args.workdir).decode

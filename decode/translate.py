@@ -21,6 +21,8 @@ import tqdm
 from data.batching import bucket_lengths
 from decode import beam_search as beam_lib
 from decode import sampling as sampling_lib
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from model import Transformer, TransformerConfig, init_cache
 
 
@@ -43,15 +45,27 @@ def _rows(count: int, max_rows: int) -> int:
   return min(rows, max_rows)
 
 
+def device_mesh(devices=None) -> Mesh:
+  """A 1-D ('data',) mesh over `devices` (default: this process's devices) for translate."""
+  return Mesh(np.array(jax.local_devices() if devices is None else list(devices)), ("data",))
+
+
 @functools.lru_cache(maxsize=None)
 def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
-               sampling: tuple = ()):
+               sampling: tuple = (), mesh: Mesh | None = None):
   """The jitted encode + search for one model config and search setting: beam search, or with
-  `sampling` (sorted (name, value) pairs of decode.sampling.sample's settings) one sample per sentence."""
+  `sampling` (sorted (name, value) pairs of decode.sampling.sample's settings) one sample per sentence.
+
+  With a mesh, the sentences of a batch are split over its 'data' axis and every device searches its own
+  share (parameters replicated): data parallelism, with no communication until the results are gathered.
+  Sentences do not interact in the search, so the result does not depend on the number of devices
+  (sampling draws from a key folded with the device index).
+  """
   model = Transformer(cfg)
 
-  @jax.jit
   def search(params, src, limits, rng):
+    if mesh is not None and sampling:
+      rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
     cross = model.apply(variables, enc_out, method="cross_kv")
@@ -71,11 +85,15 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
         min_len=min_len)
 
-  return search
+  if mesh is None:
+    return jax.jit(search)
+  rows = P("data")
+  return jax.jit(jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, P()), out_specs=rows,
+                               check_vma=False))
 
 
 def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
-              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False):
+              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -85,6 +103,8 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
+  mesh: the devices that share each batch (default: `device_mesh()`, all of this process's devices; on a
+  CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
   cfg = model.cfg
   if vocab.size != cfg.vocab_size:
@@ -96,6 +116,11 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
     raise ValueError("sampling draws one translation per sentence: use nbest=1")
   sampling_key = tuple(sorted((sampling or {}).items()))
   rng = jax.random.key(seed)
+  mesh = device_mesh() if mesh is None else mesh
+  num_devices = mesh.devices.size
+  params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
+  if num_devices == 1:
+    mesh = None
   if vocab.eos_id != 3 or vocab.bos_id != 2:
     raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
   sentences = list(sentences)
@@ -120,12 +145,15 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   bar.update(len(sentences) - sum(len(v) for v in buckets.values()))
   for padded in sorted(buckets):
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
-    max_rows = _pow2_floor(batch_tokens // (padded * beam_size))
+    # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
+    max_rows = max(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
+    max_rows = -(-max_rows // num_devices) * num_devices
     steps = min(padded + max_extra_len, limit)
-    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key)
+    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
       rows = _rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
+      rows = -(-rows // num_devices) * num_devices
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
       lengths = np.ones((rows,), np.int32)
