@@ -81,6 +81,10 @@ def test_loss_falls_on_the_embedded_corpus(tmp_path):
   # Rerunning the finished command resumes at the end and only evaluates.
   again = train_and_evaluate(config, tmp_path)
   assert again.step == 24 and again.eval["eval/loss"] == pytest.approx(outcome.eval["eval/loss"], rel=1e-6)
+  # ... and rewrites its final report rather than adding a second copy of it.
+  relines = metrics_io.read_metrics(tmp_path)
+  assert [line["step"] for line in relines if "eval/loss" in line] == [12, 24]
+  assert [line for line in relines if "train/loss" in line] == train
 
 
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
@@ -172,3 +176,10 @@ def test_dev_and_test_bleu_come_from_real_decoding(tmp_path):
   assert len(test_lines) == 1 and test_lines[0]["test/signature"].startswith("nrefs:1|case:mixed")
   assert test_lines[0]["test/bleu"] == outcome.test_bleu and 0.0 <= outcome.test_bleu <= 100.0
   assert len(outcome.samples) == 2 and all(isinstance(hyp, str) for _, _, hyp in outcome.samples)
+  # Rerunning the finished run reports the same test BLEU again, in place of the old line.
+  again = train_and_evaluate(config, tmp_path / "run")
+  relines = metrics_io.read_metrics(tmp_path / "run")
+  assert again.test_bleu == outcome.test_bleu
+  assert [line for line in relines if "test/bleu" in line] == test_lines
+  assert [line["step"] for line in relines if "eval/loss" in line] == [2, 3]
+  assert [line for line in relines if "eval/bleu" in line] == bleu_lines

@@ -24,9 +24,11 @@ def _jsonable(value):
 class MetricsWriter:
   """Appends metric dicts to metrics.jsonl and TensorBoard (scalars only)."""
 
-  def __init__(self, workdir, resume_step: int = 0, tensorboard: bool = True):
+  def __init__(self, workdir, resume_step: int = 0, tensorboard: bool = True, drop_reports: bool = False):
+    """drop_reports: also drop the eval/test lines AT resume_step (a finished run reporting again
+    rewrites them instead of adding a second copy)."""
     self.path = pathlib.Path(workdir) / METRICS
-    truncate_after(self.path, resume_step)
+    truncate_after(self.path, resume_step, drop_reports_at_step=drop_reports)
     self._file = open(self.path, "a")
     self._tb = None
     if tensorboard:
@@ -52,15 +54,22 @@ class MetricsWriter:
       self._tb.close()
 
 
-def truncate_after(path, step: int) -> None:
-  """Drops the lines of a metrics.jsonl with "step" > step (atomically)."""
+def _is_report(record: dict) -> bool:
+  return any(key.startswith(("eval/", "test/")) for key in record)
+
+
+def truncate_after(path, step: int, drop_reports_at_step: bool = False) -> None:
+  """Drops the lines of a metrics.jsonl with "step" > step (atomically); with drop_reports_at_step, also
+  the eval/test lines with "step" == step."""
   path = pathlib.Path(path)
   if not path.exists():
     return
   kept = []
   for line in path.read_text().splitlines():
     try:
-      if json.loads(line)["step"] <= step:
+      record = json.loads(line)
+      if record["step"] < step or (record["step"] == step and not (drop_reports_at_step
+                                                                   and _is_report(record))):
         kept.append(line)
     except (ValueError, KeyError):
       continue   # a line cut short by a kill

@@ -221,7 +221,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # Evaluation.
   # ------------------------------------------------------------------------------------------------
-  writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard)
+  # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
+  writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
+                                    drop_reports=start_step >= int(tc.num_steps))
 
   def evaluate(step, with_bleu):
     t0 = time.time()
