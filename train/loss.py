@@ -10,6 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def _smoothed_target(vocab: int, label_smoothing: float):
+  """The smoothed target distribution q: (probability of the right token, of each other token, entropy
+  of q). Python floats."""
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  entropy = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20)) \
+      if label_smoothing > 0 else 0.0
+  return confidence, low, entropy
+
+
 def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float):
   """Label-smoothed cross-entropy, summed over weighted tokens.
 
@@ -21,13 +31,10 @@ def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float):
   """
   vocab = logits.shape[-1]
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)     # [b, len, vocab]
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (vocab - 1)
+  confidence, low, entropy = _smoothed_target(vocab, label_smoothing)
   target_logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]   # [b, len]
   # sum_v q_v log p_v with q = low everywhere except confidence at the target.
   cross = low * jnp.sum(log_probs, axis=-1) + (confidence - low) * target_logp      # [b, len]
-  entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20)) \
-      if label_smoothing > 0 else 0.0
   return jnp.sum((-cross - entropy) * weights)
 
 
@@ -44,14 +51,14 @@ def correct(logits, targets, weights):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The output layer and the loss fused, chunk by chunk over tokens.
+# The output layer and the loss fused, chunk by chunk over target positions.
 # ----------------------------------------------------------------------------------------------------
 # With a vocabulary of thousands of pieces, the [tokens, vocab] float32 logits are the largest tensor of
 # the step (4,096 tokens x 8,000 pieces = 131 MB), and the plain path writes and reads it several times:
 # the projection, the log-softmax, the loss, the metrics, and again in the backward pass. Here each chunk
 # of tokens computes its logits, the three sums and the gradient of the smoothed loss at once, while its
 # logits are still in cache; the full logits never exist. The gradient is ready at the end of the forward
-# pass, so the backward pass only scales it by the incoming cotangent.
+# pass (the residuals), so the backward pass only scales it by the incoming cotangent.
 
 
 def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
@@ -68,12 +75,9 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
   lse = (top + jnp.log(total))[:, 0]                                                # [c]
   target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]      # [c]
   nll_tok = lse - target_logit
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (vocab - 1)
+  confidence, low, entropy = _smoothed_target(vocab, label_smoothing)
   # sum_v q_v log p_v with q = low everywhere except confidence at the target (see smoothed_cross_entropy).
   cross = low * (jnp.sum(logits, axis=-1) - vocab * lse) + (confidence - low) * (target_logit - lse)
-  entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20)) \
-      if label_smoothing > 0 else 0.0
   loss = jnp.sum((-cross - entropy) * weights)
   nll_sum = jnp.sum(nll_tok * weights)
   correct_sum = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
@@ -137,11 +141,6 @@ def fused_output_losses(y, table, targets, weights, label_smoothing: float, chun
   return sums
 
 
-def _fused_fwd(y, table, targets, weights, label_smoothing, chunk_tokens):
-  sums, grads = _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens)
-  return sums, grads
-
-
 def _fused_bwd(label_smoothing, chunk_tokens, grads, cotangents):
   del label_smoothing, chunk_tokens
   dy, dtable = grads
@@ -149,4 +148,4 @@ def _fused_bwd(label_smoothing, chunk_tokens, grads, cotangents):
   return g.astype(dy.dtype) * dy, g.astype(dtable.dtype) * dtable, None, None
 
 
-fused_output_losses.defvjp(_fused_fwd, _fused_bwd)
+fused_output_losses.defvjp(_fused_forward, _fused_bwd)   # the forward already has the gradient
