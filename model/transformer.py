@@ -115,10 +115,8 @@ class Transformer(nn.Module):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
     # The matmul reads its inputs in the compute dtype but accumulates and returns float32, so the
     # softmax and the loss are float32 even when the model computes in bfloat16.
-    dtype = self.cfg.compute_dtype
     if self.cfg.share_embeddings:
-      table = self.shared_embedding.embedding                        # [vocab, d_model]
-      return jnp.einsum("...d,vd->...v", y.astype(dtype), table.astype(dtype),
+      return jnp.einsum("...d,vd->...v", y.astype(self.cfg.compute_dtype), self.output_table(),
                         preferred_element_type=jnp.float32)
     return self.output_projection(y).astype(jnp.float32)
 
@@ -135,10 +133,8 @@ class Transformer(nn.Module):
 
     Returns (decoder outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model]).
     """
-    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
-    tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
-    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
-    y = self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
+    y = self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
+                             deterministic)
     if not self.cfg.share_embeddings and self.is_initializing():
       self.output_projection(y[:, :1])   # creates its parameters when init goes through here
     return y.astype(self.cfg.compute_dtype), self.output_table()
@@ -151,16 +147,26 @@ class Transformer(nn.Module):
   def decode(self, tgt_in, enc_out, src_segments, tgt_segments=None, tgt_positions=None,
              deterministic=True):
     """Teacher-forced decoder: tgt_in [b, tgt_len] -> logits float32 [b, tgt_len, vocab]."""
+    return self.logits(self._decoder_outputs(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions,
+                                             deterministic))
+
+  def _decoder_outputs(self, tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic):
+    """Decoder outputs [b, tgt_len, d_model] (before the output projection)."""
     tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
-    y = self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
-    return self.logits(y)
+    return self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
+
+  def _teacher_forced(self, src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
+                      deterministic):
+    """Encoder then decoder over whole sequences: decoder outputs [b, tgt_len, d_model]."""
+    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
+    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
+    return self._decoder_outputs(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic)
 
   def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
     """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab]."""
-    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
-    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
-    return self.decode(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic)
+    return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
+                                            tgt_positions, deterministic))
 
   def cross_kv(self, enc_out):
     """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, h, src_len, d_k], values [b, h, src_len, d_v])."""
