@@ -31,12 +31,12 @@ import statistics
 import sys
 import time
 
-if __name__ == "__main__" and "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  # One CPU device per core, as `python -m decode` sets up: our decoding splits its sentences over them
-  # (decode/translate.py). The training step and the matmul peak use one device (which then still
-  # runs its matmuls on every core). Must happen before JAX starts.
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={os.cpu_count() or 1}").strip()
+if __name__ == "__main__":
+  # One CPU device per core, as `python -m decode` sets up (before JAX starts): our decoding splits its
+  # sentences over them (decode/translate.py). The training step and the matmul peak use one device
+  # (which still runs its matmuls on every core).
+  from decode.__main__ import use_cpu_devices
+  use_cpu_devices(os.cpu_count() or 1)
 
 import jax
 import jax.numpy as jnp
@@ -228,7 +228,7 @@ def decode_ours(args, params, src) -> dict:
   results = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
     sampling = (("temperature", 0.0),) if beam == 1 else ()
-    fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh if devices > 1 else None)
+    fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
     key = jax.random.key(0)
     start = time.perf_counter()
     compiled = fn.lower(params, src, limits, key).compile()

@@ -50,7 +50,7 @@ def _write_atomically(path: str, text: str) -> None:
   os.replace(tmp, target)
 
 
-def _cpu_devices(count: int) -> None:
+def use_cpu_devices(count: int) -> None:
   """Before JAX starts: one host (CPU) device per core, so that decoding's data parallelism uses every
   core (a decoding step is many small matmuls, which XLA runs on one core each). No effect on GPUs/TPUs,
   nor when XLA_FLAGS already sets the count or JAX has already started (as in tests)."""
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   args = parser.parse_args(argv)
-  _cpu_devices(args.cpu_devices)
+  use_cpu_devices(args.cpu_devices)
   from train.config_io import load_run_config
   try:
     run_decode = load_run_config(args.workdir).decode

@@ -44,6 +44,10 @@ def _rows(count: int, max_rows: int) -> int:
   return min(rows, max_rows)
 
 
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
 def device_mesh(devices=None) -> Mesh:
   """A 1-D ('data',) mesh over `devices` (default: this process's devices) for translate."""
   return Mesh(np.array(jax.local_devices() if devices is None else list(devices)), ("data",))
@@ -62,9 +66,10 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
   folded with the device index, so samples depend on the number of devices.
   """
   model = Transformer(cfg)
+  sharded = mesh is not None and mesh.devices.size > 1
 
   def search(params, src, limits, rng):
-    if mesh is not None and sampling:
+    if sharded and sampling:
       rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
@@ -85,7 +90,7 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
         min_len=min_len)
 
-  if mesh is None:
+  if not sharded:
     return jax.jit(search)
   rows = P("data")
   return jax.jit(jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, P()), out_specs=rows,
@@ -119,8 +124,6 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   mesh = device_mesh() if mesh is None else mesh
   num_devices = mesh.devices.size
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
-  if num_devices == 1:
-    mesh = None
   if vocab.eos_id != 3 or vocab.bos_id != 2:
     raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
   sentences = list(sentences)
@@ -146,14 +149,13 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   for padded in sorted(buckets):
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
-    max_rows = max(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
-    max_rows = -(-max_rows // num_devices) * num_devices
+    max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
     steps = min(padded + max_extra_len, limit)
     search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
       rows = _rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
-      rows = -(-rows // num_devices) * num_devices
+      rows = _round_up(rows, num_devices)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
       lengths = np.ones((rows,), np.int32)
