@@ -33,6 +33,13 @@ def causal_mask(length: int) -> jax.Array:
   return (idx[:, None] >= idx[None, :])[None, None]
 
 
+def _masked_softmax(logits, mask):
+  """float32 softmax over the last axis; positions where mask is False get (numerically) zero weight."""
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True, dropout_rng=None,
                           dtype=jnp.float32):
   """softmax(q k^T / sqrt(d_k)) v, with the softmax in float32.
@@ -43,9 +50,7 @@ def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True
   scale = q.shape[-1] ** -0.5
   logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                       preferred_element_type=jnp.float32)  # [b, h, q_len, kv_len]
-  if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = _masked_softmax(logits, mask)                   # float32
   if dropout_rate > 0.0 and not deterministic:
     weights = dropout(weights, dropout_rate, dropout_rng)
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype))  # [b, q_len, h, d_v]
@@ -63,9 +68,7 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32):
   q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
   logits = jnp.einsum("bhqd,bhkd->bhqk", q, k.astype(q.dtype),
                       preferred_element_type=jnp.float32)                   # [b, h, q_len, kv_len]
-  if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = _masked_softmax(logits, mask)                   # float32
   out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(dtype), v.astype(dtype))  # [b, h, q_len, d_v]
   return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
 

@@ -46,14 +46,16 @@ def tiny_config(**train):
   return config
 
 
-def setup(config, devices=None, fsdp=False, accum=1, label_smoothing=0.1):
+def setup(config, devices=None, fsdp=False, accum=1, label_smoothing=0.1,
+          loss_chunk_tokens=step_lib.DEFAULT_LOSS_CHUNK):
   mesh = step_lib.make_mesh(devices)
   model = step_lib.make_model(config, VOCAB)
   schedule = schedules.make_schedule(config.train, config.model.d_model)
   tx = make_optimizer(config.train, schedule)
   state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0), fsdp=fsdp)
   train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
-                                       label_smoothing=label_smoothing, accum_steps=accum)
+                                       label_smoothing=label_smoothing, accum_steps=accum,
+                                       loss_chunk_tokens=loss_chunk_tokens)
   return mesh, model, state, shardings, train_step
 
 
@@ -237,13 +239,7 @@ def test_fused_and_full_logit_steps_train_alike(share_embeddings):
   config.model.share_embeddings = share_embeddings
   results = []
   for chunk in (0, 16):
-    mesh = step_lib.make_mesh(jax.devices()[:1])
-    model = step_lib.make_model(config, VOCAB)
-    schedule = schedules.make_schedule(config.train, config.model.d_model)
-    tx = make_optimizer(config.train, schedule)
-    state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
-    step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1,
-                                   loss_chunk_tokens=chunk)
+    mesh, _, state, _, step = setup(config, jax.devices()[:1], loss_chunk_tokens=chunk)
     history = []
     for i in range(3):
       state, metrics = step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(7))
@@ -259,15 +255,8 @@ def test_fused_and_full_logit_steps_train_alike(share_embeddings):
 def test_data_parallel_fused_loss_gathers_nothing():
   """Chunks of the fused loss keep every row, so on 8 devices each computes only its own rows: the
   compiled data-parallel step has no all-gather (only the gradient all-reduce)."""
-  config = tiny_config()
-  mesh = step_lib.make_mesh()
+  mesh, _, state, _, step = setup(tiny_config(), loss_chunk_tokens=4)   # several chunks per device
   assert mesh.devices.size == 8
-  model = step_lib.make_model(config, VOCAB)
-  schedule = schedules.make_schedule(config.train, config.model.d_model)
-  tx = make_optimizer(config.train, schedule)
-  state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
-  step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1,
-                                 loss_chunk_tokens=4)     # several chunks per device
   hlo = step.lower(state, step_lib.place_batch(toy_batch(), mesh), jax.random.key(7)).compile().as_text()
   assert "all-reduce" in hlo
   assert "all-gather" not in hlo
