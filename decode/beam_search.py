@@ -7,6 +7,8 @@
 [b * k] (rows r*k .. r*k+k-1 belong to sentence r; the first call gets bos_id), and returns logits
 [b * k, vocab]. Every array leaf of `cache` has leading dimension b; the search tiles it to b * k and
 reorders it by parent hypothesis after every step, so the callback may keep per-hypothesis state there.
+A cache that knows a cheaper way to follow the parents passes `reorder(cache, rows) -> cache` (new row i
+continues old row rows[i]); model.reorder_cache keeps the keys and values in place that way.
 
 Scores: the sum of the token log-probabilities (eos included) divided by the GNMT length penalty
 ((5 + length) / 6) ** alpha, length counting eos (Wu et al. 2016; the paper uses alpha = 0.6).
@@ -49,13 +51,19 @@ def tile_beams(tree, beam_size):
   return jax.tree_util.tree_map(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
 
 
+def gather_rows(tree, rows):
+  """Every leaf's rows in the order `rows` (the default reorder)."""
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), tree)
+
+
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,
-                min_len=0, max_steps=None):
+                min_len=0, max_steps=None, reorder=None):
   """Returns (sequences int32 [b, k, L], scores float32 [b, k]), best first.
 
   max_len: an int, or int32 [b] per-sentence limits on the generated length (eos included); L is its
   maximum (or max_steps when max_len is traced). min_len: eos is not allowed before min_len tokens
-  (except at a sentence's limit, where only eos is).
+  (except at a sentence's limit, where only eos is). reorder: see the module docstring (default: gather
+  every leaf by parent row).
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -63,6 +71,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   steps = static_len(max_len, max_steps)
   if k < 1 or steps < 1:
     raise ValueError(f"beam_search: need beam_size >= 1 and max_len >= 1 (got {k}, {steps})")
+  if reorder is None:
+    reorder = gather_rows
   limits = jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,))
   limits = jnp.minimum(limits, steps)
   # The best penalty a live hypothesis can still reach: the largest one up to its sentence's limit.
@@ -121,7 +131,7 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
     alive_token = jnp.take_along_axis(token, pick, axis=1)
     alive_seq = jnp.take_along_axis(cand_seq, pick[:, :, None], axis=1)
     rows = (jnp.arange(b)[:, None] * k + alive_parent).reshape(b * k)
-    cache = jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
+    cache = reorder(cache, rows)
 
     # Stop a sentence when its best live hypothesis cannot beat its k-th finished one.
     bound = alive_logp[:, 0] / best_penalty

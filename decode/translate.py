@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from data.batching import bucket_lengths
 from decode import beam_search as beam_lib
 from decode import sampling as sampling_lib
-from model import Transformer, TransformerConfig, init_cache
+from model import Transformer, TransformerConfig, init_cache, reorder_cache
 
 
 def _bucket(length: int) -> int:
@@ -79,7 +79,8 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     def tokens_to_logits(ids, cache):
       return model.apply(variables, ids, cache, cross, src_mask, method="decode_step")
 
-    cache = init_cache(cfg, src.shape[0], steps)
+    # Beam search leaves the keys and values where they were written (no per-step reorder copy).
+    cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
@@ -88,7 +89,7 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
-        min_len=min_len)
+        min_len=min_len, reorder=reorder_cache)
 
   if not sharded:
     return jax.jit(search)

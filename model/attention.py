@@ -73,6 +73,30 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32):
   return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
 
 
+def beam_attention(q, k, v, mask, dtype=jnp.float32):
+  """Attention of each sentence's k hypotheses against the caches of all k of its beam slots.
+
+  q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, L, d_k] and
+  v: [b, k, h, L, d_v], the head-major caches of the sentence's k slots; mask: bool [b, k, 1, k, L],
+  True where slot s's entry at position t belongs to hypothesis j's history (mask[r, s, 0, j, t]).
+  The softmax runs over (slot, position) jointly. Returns [b, k, h, d_v] in `dtype`.
+  Beam search then never reorders the caches: a hypothesis reads its history from whichever slots
+  wrote it, at the price of k times the (small) attention arithmetic of one decoding step.
+  """
+  scale = q.shape[-1] ** -0.5
+  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, j, d_k] (small)
+  # The logits as a multiply-and-sum: XLA fuses it into one pass over the keys, where a batched matmul
+  # of [k, d_k] x [d_k, L] per (sentence, slot, head) measured 1.1x-1.2x slower for the whole search.
+  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
+                   * k[:, :, :, None].astype(jnp.float32), axis=-1)        # [b, s, h, j, L]
+  logits = jnp.where(mask, logits, _MASKED)
+  logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
+  weights = jnp.exp(logits)
+  weights = weights / jnp.sum(weights, axis=(1, 4), keepdims=True)
+  out = jnp.einsum("bshjt,bshtd->bshjd", weights.astype(dtype), v.astype(dtype))  # [b, s, h, j, d_v]
+  return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
+
+
 class MultiHeadAttention(nn.Module):
   """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
 
@@ -118,6 +142,11 @@ class MultiHeadAttention(nn.Module):
     """Queries [b, q, h, d_k] against head-major keys [b, h, kv, d_k] and values [b, h, kv, d_v]
     (decoding; no dropout). Returns the projected output [b, q, d_model]."""
     return self.out(cached_attention(q, k, v, mask, dtype=self.dtype))
+
+  def attend_beams(self, q, k, v, mask):
+    """`beam_attention` (decoding with beam-slot caches that are never reordered): queries
+    [b, k, h, d_k] against slot caches [b, k, h, L, d]. Returns the projected output [b, k, d_model]."""
+    return self.out(beam_attention(q, k, v, mask, dtype=self.dtype))
 
   def __call__(self, x, memory, mask, deterministic=True):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""

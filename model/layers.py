@@ -100,12 +100,15 @@ class DecoderLayer(nn.Module):
     keys, values = self.cross_attention.project_kv(enc_out)             # [b, src_len, h, d]
     return jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
 
-  def step(self, x, layer_cache, index, cross, src_mask):
+  def step(self, x, layer_cache, index, cross, src_mask, history=None):
     """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
 
     x: [n, 1, d_model], the embedded current tokens; layer_cache: {'k': [n, h, L, d_k], 'v': [n, h, L, d_v]};
     index: int32 scalar, the position being decoded (all rows decode in lockstep);
     cross: (keys [b, h, src_len, d_k], values [b, h, src_len, d_v]); src_mask: bool [b, src_len].
+    history: None (row r's cache holds row r's own history), or for beam-slot caches that beam search
+    never reorders, bool [b, k, 1, k, L]: history[r, s, 0, j, t] says whether slot s's entry at position
+    t belongs to hypothesis j of sentence r (see model.attention.beam_attention).
     Returns (y [n, 1, d_model], new layer_cache).
     """
     new_cache = {}
@@ -116,8 +119,15 @@ class DecoderLayer(nn.Module):
           cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), index, axis=2)
       k, v = write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)   # [n, h, L, d]
       new_cache.update(k=k, v=v)
-      visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]  # [1, 1, 1, L]
-      return self.self_attention.attend_cached(self.self_attention.project_q(y), k, v, visible)
+      q = self.self_attention.project_q(y)                             # [n, 1, h, d_k]
+      if history is None:
+        visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]  # [1, 1, 1, L]
+        return self.self_attention.attend_cached(q, k, v, visible)
+      b, beams = history.shape[:2]
+      slots = lambda c: c.reshape((b, beams) + c.shape[1:])              # [b, k, h, L, d] (no copy)
+      out = self.self_attention.attend_beams(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v),
+                                             history)                  # [b, k, d_model]
+      return out.reshape(y.shape)
 
     def cross_attend(y):
       keys, values = cross

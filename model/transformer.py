@@ -84,11 +84,25 @@ class Decoder(nn.Module):
     index = cache["index"][0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
+    new_cache = {"index": cache["index"] + 1}
+    history = None
+    if "slot_history" in cache:
+      # Beam-slot caches: row r writes its entry at `index` into its own slot, and reads its earlier
+      # entries from the slots that wrote them (slot_history[r, t]).
+      n, b = ids.shape[0], src_mask.shape[0]
+      beams = n // b
+      slot_history = jax.lax.dynamic_update_slice_in_dim(
+          cache["slot_history"], (jnp.arange(n, dtype=jnp.int32) % beams)[:, None], index, axis=1)
+      new_cache["slot_history"] = slot_history
+      length = slot_history.shape[1]
+      wrote = slot_history.reshape(b, 1, 1, beams, length) == jnp.arange(beams)[None, :, None, None, None]
+      history = wrote & (jnp.arange(length) <= index)          # [b, k(slot), 1, k(hyp), L]
     new_layers = []
     for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
-      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask)
+      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, history)
       new_layers.append(new_layer_cache)
-    return self._finish(x)[:, 0], {"index": cache["index"] + 1, "layers": new_layers}
+    new_cache["layers"] = new_layers
+    return self._finish(x)[:, 0], new_cache
 
 
 class Transformer(nn.Module):
@@ -182,18 +196,38 @@ class Transformer(nn.Module):
     return self.logits(y), cache
 
 
-def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int):
+def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):
   """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens.
 
   Every leaf has leading dimension batch_size (so beam search can tile and reorder it): per layer
   'k' [batch_size, h, max_len, d_k] and 'v' [batch_size, h, max_len, d_v] (head-major: see
   model.attention.cached_attention), and 'index' int32 [batch_size], the position the next token is
   written to (equal across rows).
+  beam_slots=True adds 'slot_history' int32 [batch_size, max_len] for beam search: row r*k + j's cache
+  is then the k-th beam *slot* j of sentence r, written by whichever hypothesis held the slot at each
+  step, and slot_history[row, t] names the slot holding the row's entry at position t. Such a cache must
+  be reordered with `reorder_cache` (beam_search(..., reorder=reorder_cache)), never gathered whole.
   """
   if max_len > cfg.max_len and cfg.learned_positions:
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
   dtype = cfg.compute_dtype
   layer = lambda: {"k": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_k), dtype),
                    "v": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_v), dtype)}
-  return {"index": jnp.zeros((batch_size,), jnp.int32),
-          "layers": [layer() for _ in range(cfg.num_decoder_layers)]}
+  cache = {"index": jnp.zeros((batch_size,), jnp.int32),
+           "layers": [layer() for _ in range(cfg.num_decoder_layers)]}
+  if beam_slots:
+    cache["slot_history"] = jnp.zeros((batch_size, max_len), jnp.int32)
+  return cache
+
+
+def reorder_cache(cache, rows):
+  """Beam search's reorder for a cache from `init_cache`: new row i continues old row rows[i].
+
+  A plain cache is gathered whole. A beam-slot cache (`beam_slots=True`) only gathers its slot history
+  (int32 [n, L]): the keys and values stay where they were written, which saves copying every layer's
+  cache at every step.
+  """
+  take = lambda x: jnp.take(x, rows, axis=0)
+  if "slot_history" not in cache:
+    return jax.tree_util.tree_map(take, cache)
+  return dict(cache, index=take(cache["index"]), slot_history=take(cache["slot_history"]))

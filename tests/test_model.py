@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Transformer, TransformerConfig, base, big, init_cache, num_params
+from model import Transformer, TransformerConfig, base, big, init_cache, num_params, reorder_cache
 from model.embedding import sinusoid
 
 SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -126,6 +126,41 @@ def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
   full = _forward(model)(params, src, tgt_in)
   incremental = _decode_incrementally(model, params, cfg, src, tgt_in, 2)
   assert float(jnp.max(jnp.abs(incremental - jnp.repeat(full, 2, axis=0)))) <= 1e-4
+
+
+@pytest.mark.parametrize("beam_slots", [False, True])
+@pytest.mark.parametrize("beams", [2, 3])
+def test_reordered_caches_follow_each_hypothesis_history(small, beams, beam_slots):
+  """Hypotheses that change parents at every step (as in beam search) still get, at every step, the
+  logits of teacher forcing on their own history. With beam_slots=True the keys and values never move:
+  only the slot history is reordered."""
+  model, params, rng = small
+  b, steps = 2, 6
+  src = _random_ids(rng, (b, 7)).at[0, 4:].set(0)
+  module = Transformer(SMALL)
+  cross = jax.jit(lambda src: module.apply(
+      {"params": params}, module.apply({"params": params}, src, method="encode"), method="cross_kv"))(src)
+  n = b * beams
+  cache = init_cache(SMALL, n, steps, beam_slots=beam_slots)
+  step = jax.jit(lambda ids, cache: module.apply({"params": params}, ids, cache, cross, src != 0,
+                                                 method="decode_step"))
+  reorder = jax.jit(reorder_cache)
+  history = np.zeros((n, 0), np.int32)
+  for t in range(steps):
+    ids = np.asarray(_random_ids(rng, (n,)))
+    logits, cache = step(jnp.asarray(ids), cache)
+    history = np.concatenate([history, ids[:, None]], axis=1)
+    expected = model(params, jnp.repeat(src, beams, axis=0), jnp.asarray(history))[:, -1]
+    assert float(jnp.max(jnp.abs(logits - expected))) <= 1e-4, t
+    # Every row continues a random hypothesis of its own sentence (some twice, some dropped).
+    rows = (np.arange(n) // beams) * beams + rng.integers(0, beams, n)
+    before = jax.tree_util.tree_map(np.asarray, cache)
+    cache = reorder(cache, jnp.asarray(rows, jnp.int32))
+    history = history[rows]
+    if beam_slots:   # the keys and values stay where they were written
+      for old, new in zip(before["layers"], cache["layers"]):
+        np.testing.assert_array_equal(np.asarray(new["k"]), old["k"])
+        np.testing.assert_array_equal(np.asarray(new["v"]), old["v"])
 
 
 # ---------------------------------------------------------------------------------------------------
