@@ -76,8 +76,10 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     cross = model.apply(variables, enc_out, method="cross_kv")
     src_mask = src != 0
 
+    kernel = model.apply(variables, method="output_kernel")     # transposed once, not every step
+
     def tokens_to_logits(ids, cache):
-      return model.apply(variables, ids, cache, cross, src_mask, method="decode_step")
+      return model.apply(variables, ids, cache, cross, src_mask, kernel, method="decode_step")
 
     # Beam search leaves the keys and values where they were written (no per-step reorder copy).
     cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)

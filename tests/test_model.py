@@ -113,6 +113,22 @@ def test_cached_decoding_equals_teacher_forcing(small, tgt_len, hyps_per_sentenc
   assert float(jnp.max(jnp.abs(incremental - expected))) <= 1e-4
 
 
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_a_precomputed_output_kernel_gives_the_same_logits(share_embeddings):
+  cfg = SMALL.replace(share_embeddings=share_embeddings)
+  rng = np.random.default_rng(4)
+  src, ids = _random_ids(rng, (2, 5)), _random_ids(rng, (2,))
+  model = Transformer(cfg)
+  params = _init(cfg, src, src)
+  variables = {"params": params}
+  cross = model.apply(variables, model.apply(variables, src, method="encode"), method="cross_kv")
+  kernel = model.apply(variables, method="output_kernel")
+  assert kernel.shape == (cfg.d_model, cfg.vocab_size)
+  step = lambda kernel: model.apply(variables, ids, init_cache(cfg, 2, 4), cross, src != 0, kernel,
+                                    method="decode_step")[0]
+  np.testing.assert_allclose(step(kernel), step(None), atol=1e-5)
+
+
 @pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias"])
 def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
   changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(learned_positions=True),

@@ -305,3 +305,17 @@ def test_bad_settings_fail_with_a_message():
     sample(model, cache, None, batch_size=1, max_len=4, eos_id=EOS, bos_id=BOS)
   with pytest.raises(ValueError, match="top_p"):
     sample(model, cache, _key(0), batch_size=1, max_len=4, eos_id=EOS, bos_id=BOS, top_p=0.0)
+
+
+def test_first_argmax_is_argmax_with_ties_and_masked_logits():
+  from decode.sampling import first_argmax
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(64, 50)).astype(np.float32)
+  x[3, [7, 20, 41]] = 9.0                        # a tie: the first index wins, as in argmax
+  x[5, :] = -np.inf                              # everything masked
+  x[6, :] = -np.inf
+  x[6, 33] = -2.0                                # one survivor
+  x[7, :] = 1.5                                  # all equal
+  x = jnp.asarray(x)
+  np.testing.assert_array_equal(jax.jit(first_argmax)(x), jnp.argmax(x, axis=-1))
+  assert int(first_argmax(x)[3]) == 7 and int(first_argmax(x)[6]) == 33
