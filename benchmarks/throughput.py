@@ -3,9 +3,11 @@
     python -m benchmarks.throughput [--d_model 256 --num_layers 3 --num_heads 4 --d_ff 1024 --vocab 8000
                                      --batch 32 --src_len 64 --tgt_len 64 --dtype float32|bfloat16]
 
-Everything runs in one process on the same machine, one system after another, each using both cores
-(XLA's default thread pool, torch.set_num_threads, CTranslate2 intra_threads). Times are medians over
---repeats runs after --warmup runs; compile time (XLA) is reported separately. Peers that are not
+Everything runs in one process on the same machine, each system using both cores (XLA's default thread
+pool, torch.set_num_threads, CTranslate2 intra_threads). The systems of one part (training; greedy;
+beam) are timed round-robin, one run of each in turn, so that load from elsewhere on the machine hits
+them alike. Times are medians over --repeats runs after --warmup runs; compile time (XLA) is reported
+separately. Peers that are not
 installed are reported as absent. Prints a table and writes benchmarks/results/throughput.json.
 
 - Training: target tokens/s of one optimizer step (Adam, label smoothing 0.1, dropout 0.1) on a batch of
@@ -214,7 +216,8 @@ def train_torch(args, batch) -> dict:
 # ----------------------------------------------------------------------------------------------------
 def decode_ours(args, params, src) -> dict:
   """decode/translate.py's jitted search (what `python -m decode` runs): greedy (sampling at temperature
-  0) and beam search with min_len = max_len, the sentences split over every local device."""
+  0) and beam search with min_len = max_len, the sentences split over every local device.
+  Returns {mode: (run, info)}: run() decodes the batch once."""
   from decode.translate import _search_fn, device_mesh
   cfg = model_config(args)
   n = args.decode_len
@@ -225,60 +228,56 @@ def decode_ours(args, params, src) -> dict:
   limits = jnp.full((src.shape[0],), n, jnp.int32)
   src = jnp.asarray(src)
   params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  results = {}
+  key = jax.random.key(0)
+  parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
     sampling = (("temperature", 0.0),) if beam == 1 else ()
     fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
-    key = jax.random.key(0)
     start = time.perf_counter()
     compiled = fn.lower(params, src, limits, key).compile()
     compile_s = time.perf_counter() - start
-    t = timed(lambda: jax.block_until_ready(compiled(params, src, limits, key)), args.warmup, args.repeats)
-    t["compile_s"] = compile_s
-    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
-    t["search"] = (f"decode.translate: {'greedy' if beam == 1 else 'beam_search'} on {devices} CPU "
-                   f"device{'s' if devices > 1 else ''}")
-    results[name] = t
-  return results
+    search = (f"decode.translate: {'greedy' if beam == 1 else 'beam_search'} on {devices} CPU "
+              f"device{'s' if devices > 1 else ''}")
+    parts[name] = (lambda c=compiled: jax.block_until_ready(c(params, src, limits, key)),
+                   {"compile_s": compile_s, "search": search})
+  return parts
 
 
 def decode_hf(args, hf_model, src) -> dict:
+  """Hugging Face `generate` on the exported MarianMTModel. Returns {mode: (run, info)}."""
   import torch
   torch.set_num_threads(args.threads)
   n = args.decode_len
   ids = torch.from_numpy(src).long()
   mask = ids != PAD
-  results = {}
+  parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
-    def run():
+    def run(beam=beam):
       with torch.inference_mode():
         out = hf_model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
                                 min_new_tokens=n, max_new_tokens=n, early_stopping=False,
                                 length_penalty=0.6)
       assert out.shape[1] == n + 1, out.shape          # decoder start + n tokens
-    t = timed(run, 1, max(3, args.repeats // 2))
-    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
-    results[name] = t
-  return results
+    parts[name] = (run, {})
+  return parts
 
 
 def decode_ct2(args, model_dir, src, pieces) -> dict:
+  """CTranslate2 float32 on the exported model. Returns {mode: (run, info)}."""
   import ctranslate2
   n = args.decode_len
   translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type="float32",
                                       intra_threads=args.threads, inter_threads=1)
   tokens = [[pieces[i] for i in row] for row in src]
-  results = {}
+  parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
-    def run():
+    def run(beam=beam):
       out = translator.translate_batch(tokens, beam_size=beam, length_penalty=0.6,
                                        min_decoding_length=n, max_decoding_length=n,
                                        max_batch_size=0)
       assert len(out[0].hypotheses[0]) == n, len(out[0].hypotheses[0])
-    t = timed(run, args.warmup, args.repeats)
-    t["tokens_per_s"] = src.shape[0] * n / t["median_s"]
-    results[name] = t
-  return results
+    parts[name] = (run, {})
+  return parts
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -388,28 +387,40 @@ def main(argv=None):
     ids = jnp.ones((1, 2), jnp.int32)
     params = Transformer(cfg).init({"params": jax.random.key(2)}, ids, ids)["params"]
     report["decode"] = {}
-    if "ours" not in skip:
-      report["decode"]["ours"] = _run_part(decode_ours, args, params, src)
-      print(f"decode ours: {report['decode']['ours']}", file=sys.stderr)
+    import tempfile
     import types
     vocab = types.SimpleNamespace(pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, size=args.vocab)
     pieces = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, args.vocab)]
-    if "ct2" not in skip:
-      def ct2_part():
-        import tempfile
-        import ctranslate2  # noqa: F401  (absent peer -> ImportError here)
-        from decode import export
-        with tempfile.TemporaryDirectory() as tmp:
-          out = export.save_ctranslate2(export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
-          return decode_ct2(args, out, src, pieces)
-      report["decode"]["ct2"] = _run_part(ct2_part)
-      print(f"decode ct2: {report['decode']['ct2']}", file=sys.stderr)
-    if "hf" not in skip:
-      def hf_part():
-        from decode import export
-        return decode_hf(args, export.to_marian(params, cfg, vocab), src)
-      report["decode"]["hf"] = _run_part(hf_part)
-      print(f"decode hf: {report['decode']['hf']}", file=sys.stderr)
+
+    def ct2_part(tmp):
+      import ctranslate2  # noqa: F401  (absent peer -> ImportError here)
+      from decode import export
+      out = export.save_ctranslate2(export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
+      return decode_ct2(args, out, src, pieces)
+
+    def hf_part(tmp):
+      from decode import export
+      return decode_hf(args, export.to_marian(params, cfg, vocab), src)
+
+    with tempfile.TemporaryDirectory() as tmp:
+      systems = {}
+      for name, part in (("ours", lambda tmp: decode_ours(args, params, src)), ("ct2", ct2_part),
+                         ("hf", hf_part)):
+        if name in skip:
+          continue
+        got = _run_part(part, tmp)
+        if "absent" in got:
+          report["decode"][name] = got
+        else:
+          systems[name] = got
+          report["decode"][name] = {}
+      # Each decoding mode times every system round-robin, as training does.
+      for mode in ("greedy", f"beam{args.beam_size}"):
+        runs = {name: parts[mode][0] for name, parts in systems.items()}
+        for name, r in interleaved(runs, args.warmup, args.repeats).items():
+          r.update(systems[name][mode][1], tokens_per_s=src.shape[0] * args.decode_len / r["median_s"])
+          report["decode"][name][mode] = r
+          print(f"decode {mode} {name}: {r}", file=sys.stderr)
 
   text = table(report)
   report["table"] = text
