@@ -114,6 +114,9 @@ def test_label_smoothed_loss_matches_numpy():
                              loss_lib.nll(logits, targets, weights), rtol=1e-6)
   np.testing.assert_allclose(loss_lib.correct(logits, targets, weights),
                              ((logits.argmax(-1) == targets) * weights).sum())
+  # A target tied for the highest logit counts as correct (argmax would pick the first of the tied).
+  tied = jnp.zeros((1, 2, 5)).at[0, 0, 1].set(3.0).at[0, 0, 4].set(3.0).at[0, 1, 2].set(1.0)
+  assert float(loss_lib.correct(tied, jnp.array([[4, 3]]), jnp.ones((1, 2)))) == 1.0
 
 
 def test_loss_is_normalised_by_real_tokens_of_the_global_batch():

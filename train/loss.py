@@ -46,8 +46,14 @@ def nll(logits, targets, weights):
 
 
 def correct(logits, targets, weights):
-  """Number of weighted tokens whose argmax prediction is the target (float32 scalar)."""
-  return jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+  """Number of weighted tokens whose target has the highest logit (float32 scalar).
+
+  That is argmax == target, except that a target tied for the maximum counts as correct (argmax would
+  pick the first of the tied). Comparing with the row maximum, which the loss computes anyway, saves an
+  argmax pass over the [tokens, vocab] logits (XLA's CPU argmax does not vectorize: 4-5% of a step).
+  """
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -80,7 +86,7 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
   cross = low * (jnp.sum(logits, axis=-1) - vocab * lse) + (confidence - low) * (target_logit - lse)
   loss = jnp.sum((-cross - entropy) * weights)
   nll_sum = jnp.sum(nll_tok * weights)
-  correct_sum = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+  correct_sum = jnp.sum((target_logit >= top[:, 0]) * weights)   # see `correct`
   # d loss / d logits = (softmax - q) * weight.
   onehot = jnp.arange(vocab)[None, :] == targets[:, None]                          # [c, vocab]
   dlogits = (exp / total - jnp.where(onehot, confidence, low)) * weights[:, None]
