@@ -8,8 +8,9 @@ pool, torch.set_num_threads, CTranslate2 intra_threads). The systems of one part
 beam) are timed round-robin, one run of each in turn, so that load from elsewhere on the machine hits
 them alike, with --pause seconds of idle before each run. PyTorch runs up to 2x slower in a process
 where CTranslate2 has run, so decoding is timed in two phases: ours beside Hugging Face, then ours
-beside CTranslate2; each peer's ratio comes from the series of our runs timed beside it. Times are medians over --repeats runs after --warmup runs; compile time (XLA) is reported
-separately. Peers that are not
+beside CTranslate2; each peer's ratio comes from the series of our runs timed beside it. Times are
+medians over --repeats runs after --warmup runs; compile time (XLA) is reported separately. Peers that
+are not
 installed are reported as absent. Prints a table and writes benchmarks/results/throughput.json.
 
 - Training: target tokens/s of one optimizer step (Adam, label smoothing 0.1, dropout 0.1) on a batch of
@@ -80,9 +81,8 @@ def parse_args(argv=None):
 def interleaved(fns: dict, warmup: int, repeats: int, pause: float = 0.0) -> dict:
   """Times several systems round-robin (so that load from other processes hits all of them alike).
 
-  fns: {name: zero-argument callable}. pause: seconds of sleep before each timed run, so that the
-  worker threads of the system that ran before (OpenMP and XLA pools spin for a while after their work)
-  are idle again and do not take cores from the next one.
+  fns: {name: zero-argument callable}. pause: seconds of sleep before each timed run, so that every run
+  starts with the worker threads of the system before it (OpenMP, XLA) idle.
   Returns {name: {'median_s', 'min_s', 'repeats'}}.
   """
   for fn in fns.values():
