@@ -71,7 +71,8 @@ def parse_args(argv=None):
   p.add_argument("--threads", type=int, default=2, help="PyTorch and CTranslate2 threads")
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--repeats", type=int, default=7)
-  p.add_argument("--skip", default="", help="comma list of parts to skip: train,decode,ours,torch,hf,ct2")
+  p.add_argument("--skip", default="",
+                 help="comma list of parts to skip: train,decode,ours,ours_bf16,torch,torch_bf16,hf,ct2")
   p.add_argument("--pause", type=float, default=0.5,
                  help="seconds of idle before each timed run (lets the previous system's threads settle)")
   p.add_argument("--out", default=str(RESULTS))
@@ -161,13 +162,14 @@ def matmul_peak(args, dtype) -> float:
 # ----------------------------------------------------------------------------------------------------
 # Training.
 # ----------------------------------------------------------------------------------------------------
-def train_ours(args, batch) -> dict:
-  """train/step.py's jitted step (Adam, label smoothing 0.1, dropout 0.1) on one device mesh."""
+def train_ours(args, batch, matmul_dtype=None) -> dict:
+  """train/step.py's jitted step (Adam, label smoothing 0.1, dropout 0.1) on one device mesh.
+  matmul_dtype="bfloat16": mixed precision (bfloat16 matmul operands, float32 accumulation)."""
   from experiments.default import get_config
   from train import optimizer, schedules
   from train import step as step_lib
   config = get_config()
-  cfg = model_config(args)
+  cfg = model_config(args).replace(matmul_dtype=matmul_dtype)
   model = Transformer(cfg)
   schedule = schedules.make_schedule(config.train, cfg.d_model)
   tx = optimizer.make_optimizer(config.train, schedule)
@@ -189,8 +191,11 @@ def train_ours(args, batch) -> dict:
   return run, {"compile_s": compile_s, "xla_flops": float(xla.get("flops", 0.0)) if xla else None}
 
 
-def train_torch(args, batch) -> dict:
-  """The same step in PyTorch eager on transformers' MarianMTModel (Adam, label smoothing, dropout)."""
+def train_torch(args, batch, autocast=False) -> dict:
+  """The same step in PyTorch eager on transformers' MarianMTModel (Adam, label smoothing, dropout).
+  autocast=True: the forward pass under torch.autocast("cpu", torch.bfloat16) (PyTorch's mixed
+  precision; the loss in float32)."""
+  import contextlib
   import torch
   from transformers import MarianConfig, MarianMTModel
   torch.set_num_threads(args.threads)
@@ -212,7 +217,9 @@ def train_torch(args, batch) -> dict:
 
   def run():
     opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits
+    with (torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()):
+      logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits
+    logits = logits.float()
     loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1)) / (tgt_out != PAD).sum()
     loss.backward()
     opt.step()
@@ -327,7 +334,8 @@ def table(report: dict) -> str:
   peak = report["matmul_peak_gflops"]["float32"]
   rows.append(("train", "system", "tokens/s", "vs torch", "note"))
   torch_tps = tr.get("torch", {}).get("tokens_per_s")
-  for name in ("ours", "torch"):
+  bf16_peak = report["matmul_peak_gflops"]["bfloat16"]
+  for name in ("ours", "ours_bf16", "torch", "torch_bf16"):
     r = tr.get(name)
     if r is None:
       continue
@@ -335,10 +343,13 @@ def table(report: dict) -> str:
       rows.append(("train", name, "absent", "", r["absent"][:60]))
       continue
     ratio = f"{r['tokens_per_s'] / torch_tps:.2f}x" if torch_tps else ""
-    note = ""
-    if name == "ours":
-      note = (f"{r['gflops']:.1f} GFLOP/s = {100 * r['gflops'] / peak:.0f}% of f32 peak {peak:.0f}; "
-              f"compile {r['compile_s']:.1f} s; {report['dtype']}")
+    note = "bf16 autocast" if name == "torch_bf16" else ""
+    if name.startswith("ours"):
+      note = (f"{r['gflops']:.1f} GFLOP/s = {100 * r['gflops'] / peak:.0f}% of f32 peak {peak:.0f}"
+              + (f" ({100 * r['gflops'] / bf16_peak:.0f}% of bf16 peak {bf16_peak:.0f})"
+                 if name == "ours_bf16" else "")
+              + f"; compile {r['compile_s']:.1f} s; {report['dtype']}"
+              + (" with bfloat16 matmuls" if name == "ours_bf16" else ""))
     rows.append(("train", name, f"{r['tokens_per_s']:.0f}", ratio, note))
   dec = report.get("decode", {})
   for mode in ("greedy", f"beam{report['args']['beam_size']}"):
@@ -381,9 +392,12 @@ def main(argv=None):
     tokens = args.batch * args.tgt_len
     flops = train_flops(model_config(args), args.batch, args.src_len, args.tgt_len)
     report["train"] = {"model_flops_per_step": flops, "target_tokens_per_step": tokens}
-    parts = {"ours": train_ours} if "ours" not in skip else {}
-    if "torch" not in skip:
-      parts["torch"] = train_torch
+    # Ours and PyTorch, each in float32 and with bfloat16 matmuls (float32 accumulation).
+    parts = {"ours": train_ours,
+             "ours_bf16": lambda args, batch: train_ours(args, batch, "bfloat16"),
+             "torch": train_torch,
+             "torch_bf16": lambda args, batch: train_torch(args, batch, autocast=True)}
+    parts = {name: fn for name, fn in parts.items() if name not in skip}
     runs = {}
     for name, fn in parts.items():
       try:

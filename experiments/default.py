@@ -37,6 +37,9 @@ def get_config(arg=None):
   # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
+  # Matmul operands: None (the compute dtype) or "bfloat16", mixed precision with float32 accumulation
+  # (model/precision.py): --config.model.matmul_dtype=bfloat16.
+  config.model.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
 
   # Data (owned by data/): see README "Data".
   config.data = ml_collections.ConfigDict(dict(

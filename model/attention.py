@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import precision
 from model.dropout import dropout
 
 # Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
@@ -41,22 +42,30 @@ def _masked_softmax(logits, mask):
 
 
 def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True, dropout_rng=None,
-                          dtype=jnp.float32):
+                          dtype=jnp.float32, matmul_dtype=None):
   """softmax(q k^T / sqrt(d_k)) v, with the softmax in float32.
 
   q: [b, q_len, h, d_k]; k: [b, kv_len, h, d_k]; v: [b, kv_len, h, d_v];
   mask: bool broadcastable to [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
+  matmul_dtype: None, or the operand dtype of both matmuls (mixed precision, model/precision.py).
   """
   scale = q.shape[-1] ** -0.5
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
-                      preferred_element_type=jnp.float32)  # [b, h, q_len, kv_len]
+  logits = precision.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
+                            matmul_dtype)                   # float32 [b, h, q_len, kv_len]
   weights = _masked_softmax(logits, mask)                   # float32
   if dropout_rate > 0.0 and not deterministic:
     weights = dropout(weights, dropout_rate, dropout_rng)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype))  # [b, q_len, h, d_v]
+  return _weighted_values("bhqk,bkhd->bqhd", weights, v, dtype, matmul_dtype)  # [b, q_len, h, d_v]
 
 
-def cached_attention(q, k, v, mask, dtype=jnp.float32):
+def _weighted_values(spec, weights, v, dtype, matmul_dtype):
+  """The attention weights (float32) times the values, in `dtype` (or mixed precision)."""
+  if matmul_dtype is None:
+    return jnp.einsum(spec, weights.astype(dtype), v.astype(dtype))
+  return precision.einsum(spec, weights, v, matmul_dtype).astype(dtype)
+
+
+def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   """Attention against head-major keys and values, the layout of the decoding caches.
 
   q: [b, q_len, h, d_k]; k: [b, h, kv_len, d_k]; v: [b, h, kv_len, d_v]; mask: bool broadcastable to
@@ -66,14 +75,14 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32):
   """
   scale = q.shape[-1] ** -0.5
   q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
-  logits = jnp.einsum("bhqd,bhkd->bhqk", q, k.astype(q.dtype),
-                      preferred_element_type=jnp.float32)                   # [b, h, q_len, kv_len]
+  logits = precision.einsum("bhqd,bhkd->bhqk", q, k.astype(q.dtype),
+                            matmul_dtype)                   # float32 [b, h, q_len, kv_len]
   weights = _masked_softmax(logits, mask)                   # float32
-  out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(dtype), v.astype(dtype))  # [b, h, q_len, d_v]
+  out = _weighted_values("bhqk,bhkd->bhqd", weights, v, dtype, matmul_dtype)  # [b, h, q_len, d_v]
   return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
 
 
-def beam_attention(q, k, v, mask, dtype=jnp.float32):
+def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   """Attention of each sentence's k hypotheses against the caches of all k of its beam slots.
 
   q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, L, d_k] and
@@ -85,6 +94,8 @@ def beam_attention(q, k, v, mask, dtype=jnp.float32):
   """
   scale = q.shape[-1] ** -0.5
   q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, j, d_k] (small)
+  if matmul_dtype is not None:   # round the operands as a mixed-precision matmul would
+    q, k = q.astype(matmul_dtype), k.astype(matmul_dtype)
   # The logits as a multiply-and-sum: XLA fuses it into one pass over the keys, where a batched matmul
   # of [k, d_k] x [d_k, L] per (sentence, slot, head) measured 1.1x-1.2x slower for the whole search.
   logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
@@ -93,7 +104,7 @@ def beam_attention(q, k, v, mask, dtype=jnp.float32):
   logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
   weights = jnp.exp(logits)
   weights = weights / jnp.sum(weights, axis=(1, 4), keepdims=True)
-  out = jnp.einsum("bshjt,bshtd->bshjd", weights.astype(dtype), v.astype(dtype))  # [b, s, h, j, d_v]
+  out = _weighted_values("bshjt,bshtd->bshjd", weights, v, dtype, matmul_dtype)  # [b, s, h, j, d_v]
   return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
 
 
@@ -111,11 +122,13 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  matmul_dtype: Any = None   # None, or the operand dtype of every matmul (mixed precision)
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(
         features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform())
+        kernel_init=nn.initializers.xavier_uniform(),
+        dot_general=precision.dot_general_for(self.matmul_dtype))
     self.query = dense((self.num_heads, self.d_k))
     self.key = dense((self.num_heads, self.d_k))
     self.value = dense((self.num_heads, self.d_v))
@@ -135,18 +148,19 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
     heads = dot_product_attention(q, k, v, mask, dropout_rate=self.dropout_rate,
-                                  deterministic=deterministic, dropout_rng=rng, dtype=self.dtype)
+                                  deterministic=deterministic, dropout_rng=rng, dtype=self.dtype,
+                                  matmul_dtype=self.matmul_dtype)
     return self.out(heads)
 
   def attend_cached(self, q, k, v, mask):
     """Queries [b, q, h, d_k] against head-major keys [b, h, kv, d_k] and values [b, h, kv, d_v]
     (decoding; no dropout). Returns the projected output [b, q, d_model]."""
-    return self.out(cached_attention(q, k, v, mask, dtype=self.dtype))
+    return self.out(cached_attention(q, k, v, mask, self.dtype, self.matmul_dtype))
 
   def attend_beams(self, q, k, v, mask):
     """`beam_attention` (decoding with beam-slot caches that are never reordered): queries
     [b, k, h, d_k] against slot caches [b, k, h, L, d]. Returns the projected output [b, k, d_model]."""
-    return self.out(beam_attention(q, k, v, mask, dtype=self.dtype))
+    return self.out(beam_attention(q, k, v, mask, self.dtype, self.matmul_dtype))
 
   def __call__(self, x, memory, mask, deterministic=True):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""

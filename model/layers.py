@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from model.attention import MultiHeadAttention
 from model.dropout import Dropout
 from model.config import TransformerConfig
+from model import precision
 
 
 class FeedForward(nn.Module):
@@ -22,7 +23,8 @@ class FeedForward(nn.Module):
   def __call__(self, x, deterministic=True):
     cfg = self.cfg
     dense = lambda n, name: nn.Dense(n, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype,
-                                     kernel_init=nn.initializers.xavier_uniform(), name=name)
+                                     kernel_init=nn.initializers.xavier_uniform(),
+                                     dot_general=precision.dot_general_for(cfg.mixed_dtype), name=name)
     h = nn.relu(dense(cfg.d_ff, "wi")(x))                 # [b, len, d_ff]
     h = Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
     return dense(cfg.d_model, "wo")(h)                    # [b, len, d_model]
@@ -32,7 +34,7 @@ def _attention(cfg: TransformerConfig):
   return MultiHeadAttention(num_heads=cfg.num_heads, d_k=cfg.head_dim_k, d_v=cfg.head_dim_v,
                             d_model=cfg.d_model, use_bias=cfg.attention_bias,
                             dropout_rate=cfg.attention_dropout_rate, dtype=cfg.compute_dtype,
-                            param_dtype=cfg.weights_dtype)
+                            param_dtype=cfg.weights_dtype, matmul_dtype=cfg.mixed_dtype)
 
 
 def layer_norm(cfg: TransformerConfig, name=None):

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import precision
 from model.attention import causal_mask, segment_mask
 from model.config import TransformerConfig
 from model.embedding import Embedder
@@ -123,15 +124,17 @@ class Transformer(nn.Module):
       self.encoder = Encoder(cfg)
       self.decoder = Decoder(cfg)
       self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                                        param_dtype=cfg.weights_dtype, name="output_projection")
+                                        param_dtype=cfg.weights_dtype,
+                                        dot_general=precision.dot_general_for(cfg.mixed_dtype),
+                                        name="output_projection")
 
   def logits(self, y):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
     # The matmul reads its inputs in the compute dtype but accumulates and returns float32, so the
     # softmax and the loss are float32 even when the model computes in bfloat16.
     if self.cfg.share_embeddings:
-      return jnp.einsum("...d,vd->...v", y.astype(self.cfg.compute_dtype), self.output_table(),
-                        preferred_element_type=jnp.float32)
+      return precision.einsum("...d,vd->...v", y.astype(self.cfg.compute_dtype), self.output_table(),
+                              self.cfg.mixed_dtype)
     return self.output_projection(y).astype(jnp.float32)
 
   def output_table(self):
@@ -203,7 +206,7 @@ class Transformer(nn.Module):
     outside the loop, the matmul reads it in the layout it wants, where `logits` reads the shared
     [vocab, d_model] table transposed at every step (greedy decoding 1.2x faster per output matmul at
     8-16 rows; logits then differ in float rounding, ~1e-5)."""
-    return jnp.swapaxes(self.output_table(), 0, 1)
+    return jnp.swapaxes(self.output_table(), 0, 1).astype(self.cfg.mixed_dtype or self.cfg.compute_dtype)
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):

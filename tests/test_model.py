@@ -129,10 +129,12 @@ def test_a_precomputed_output_kernel_gives_the_same_logits(share_embeddings):
   np.testing.assert_allclose(step(kernel), step(None), atol=1e-5)
 
 
-@pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias"])
+@pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias",
+                                    "bf16_matmuls"])
 def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
   changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(learned_positions=True),
-             "unshared": dict(share_embeddings=False), "no_bias": dict(attention_bias=False)}[switch]
+             "unshared": dict(share_embeddings=False), "no_bias": dict(attention_bias=False),
+             "bf16_matmuls": dict(matmul_dtype="bfloat16")}[switch]
   cfg = SMALL.replace(**changes)
   rng = np.random.default_rng(1)
   src = _random_ids(rng, (2, 6)).at[0, 3:].set(0)
@@ -142,6 +144,9 @@ def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
   full = _forward(model)(params, src, tgt_in)
   incremental = _decode_incrementally(model, params, cfg, src, tgt_in, 2)
   assert float(jnp.max(jnp.abs(incremental - jnp.repeat(full, 2, axis=0)))) <= 1e-4
+  if cfg.mixed_dtype is not None:   # both paths really rounded: float32 decoding differs
+    exact = _decode_incrementally(Transformer(SMALL), params, SMALL, src, tgt_in, 2)
+    assert float(jnp.max(jnp.abs(incremental - exact))) > 1e-3
 
 
 @pytest.mark.parametrize("beam_slots", [False, True])
@@ -313,9 +318,12 @@ def test_sinusoid_interleaves_sin_and_cos_as_the_formula():
 @pytest.mark.parametrize("changes", [dict(pre_norm=True), dict(learned_positions=True),
                                      dict(share_embeddings=False),
                                      dict(dtype="bfloat16", param_dtype="float32"),
+                                     dict(matmul_dtype="bfloat16"),
+                                     dict(matmul_dtype="bfloat16", share_embeddings=False),
                                      dict(attention_bias=False, dropout_rate=0.1,
                                           attention_dropout_rate=0.1, relu_dropout_rate=0.1)],
-                         ids=["pre_norm", "learned_positions", "unshared", "bfloat16", "no_bias_dropout"])
+                         ids=["pre_norm", "learned_positions", "unshared", "bfloat16", "bf16_matmuls",
+                              "bf16_matmuls_unshared", "no_bias_dropout"])
 def test_switches_run_forward_and_backward_and_trace_once(changes):
   cfg = SMALL.replace(**changes)
   model = Transformer(cfg)

@@ -67,13 +67,16 @@ def correct(logits, targets, weights):
 # pass (the residuals), so the backward pass only scales it by the incoming cotangent.
 
 
-def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
+def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float, operand_dtype=None):
   """One chunk. y [c, d] (compute dtype), table [vocab, d], targets int [c], weights float32 [c].
+  operand_dtype: None, or the dtype the three matmuls read their operands in (mixed precision).
 
   Returns (loss, nll, correct) float32 scalars, dy [c, d] and dtable [vocab, d] (float32), the gradients
   of the smoothed loss sum.
   """
   vocab = table.shape[0]
+  if operand_dtype is not None:
+    y, table = y.astype(operand_dtype), table.astype(operand_dtype)
   logits = jnp.einsum("cd,vd->cv", y, table, preferred_element_type=jnp.float32)   # [c, vocab]
   top = jnp.max(logits, axis=-1, keepdims=True)                                    # [c, 1]
   exp = jnp.exp(logits - top)
@@ -96,7 +99,7 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float):
   return (loss, nll_sum, correct_sum), dy, dtable
 
 
-def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens):
+def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens, operand_dtype=None):
   """Scans over chunks of target POSITIONS, each holding every row: [rows, positions/chunk, d] at a time.
 
   Chunking along positions rather than along flattened tokens keeps the rows axis whole in every chunk,
@@ -121,7 +124,7 @@ def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens):
   def body(dtable, xs):
     yc, tc, wc = xs                                            # [rows, per_chunk, (d)]
     sums, dy, dt = _chunk_sums_and_grads(yc.reshape(-1, d), table, tc.reshape(-1), wc.reshape(-1),
-                                         label_smoothing)
+                                         label_smoothing, operand_dtype)
     return dtable + dt, (sums, dy.reshape(rows, per_chunk, d))
 
   dtable, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape, jnp.float32),
@@ -131,24 +134,26 @@ def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens):
   return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024,
+                        operand_dtype=None):
   """The output projection, softmax and losses in one pass, without materialising the logits.
 
   y: decoder outputs [rows, length, d_model] (any leading dims before length); table: the output
   embedding [vocab, d_model] (logits = y @ table^T, accumulated in float32); targets int [rows, length];
   weights float [rows, length] (1 on real tokens, 0 on padding). chunk_tokens: about this many tokens
-  (rows x a slice of positions) per chunk.
+  (rows x a slice of positions) per chunk. operand_dtype: None, or the dtype the matmuls (forward and
+  gradient) read their operands in, accumulating in float32 (mixed precision, model/precision.py).
   Returns (smoothed loss sum, nll sum, correct sum), float32 scalars, equal to
   smoothed_cross_entropy, nll and correct on the full logits.
   Gradients flow through the smoothed loss only: nll and correct are metrics (zero gradient).
   """
-  sums, _ = _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens)
+  sums, _ = _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens, operand_dtype)
   return sums
 
 
-def _fused_bwd(label_smoothing, chunk_tokens, grads, cotangents):
-  del label_smoothing, chunk_tokens
+def _fused_bwd(label_smoothing, chunk_tokens, operand_dtype, grads, cotangents):
+  del label_smoothing, chunk_tokens, operand_dtype
   dy, dtable = grads
   g = cotangents[0]   # the loss's; nll and correct are metrics
   return g.astype(dy.dtype) * dy, g.astype(dtable.dtype) * dtable, None, None

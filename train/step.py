@@ -143,7 +143,7 @@ def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, determinis
   if chunk_tokens:
     y, table = model.apply({"params": params}, batch["src"], batch["tgt_in"], method="features", **inputs)
     loss, nll, correct = loss_lib.fused_output_losses(y, table, targets, weights, label_smoothing,
-                                                      chunk_tokens)
+                                                      chunk_tokens, model.cfg.mixed_dtype)
   else:
     logits = model.apply({"params": params}, batch["src"], batch["tgt_in"], **inputs)
     loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)
