@@ -15,14 +15,17 @@ installed are reported as absent. Prints a table and writes benchmarks/results/t
 
 - Training: target tokens/s of one optimizer step (Adam, label smoothing 0.1, dropout 0.1) on a batch of
   --batch rows x --src_len source and --tgt_len target tokens: ours is train/step.py's jitted train_step;
-  the peer is the same step in PyTorch eager on the equivalent transformers.MarianMTModel. Our model FLOPs
-  per step (matmuls only, 3x the forward) over the step time, as a fraction of the float32 matmul peak
-  measured here (a large jnp.dot), is the utilisation.
+  the peer is the same step in PyTorch eager on the equivalent transformers.MarianMTModel. Each runs in
+  float32 and with bfloat16 matmuls accumulating in float32 (ours_bf16: matmul_dtype="bfloat16";
+  torch_bf16: torch.autocast). Our model FLOPs per step (matmuls only, 3x the forward) over the step
+  time, as a fraction of the float32 (and bfloat16) matmul peak measured here (a large jnp.dot), is the
+  utilisation.
 - Decoding: target tokens/s for greedy and beam 4 on --decode_batch sentences of --src_len tokens, with
   exactly --decode_len generated tokens per sentence (eos suppressed by a minimum length), on one set of
   random weights exported to the peers by decode/export.py. Ours is decode/translate.py's search with
-  the sentences split over one CPU device per core (as `python -m decode` runs it); CTranslate2 and
-  PyTorch use --threads intra-op threads.
+  the sentences split over one CPU device per core (as `python -m decode` runs it), in float32 and with
+  bfloat16 matmuls (ours_bf16); Hugging Face also under torch.autocast (hf_bf16); CTranslate2 float32
+  (its CPU build offers no bfloat16 here). CTranslate2 and PyTorch use --threads intra-op threads.
 """
 from __future__ import annotations
 
@@ -229,12 +232,13 @@ def train_torch(args, batch, autocast=False) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # Decoding.
 # ----------------------------------------------------------------------------------------------------
-def decode_ours(args, params, src) -> dict:
+def decode_ours(args, params, src, matmul_dtype=None) -> dict:
   """decode/translate.py's jitted search (what `python -m decode` runs): greedy (sampling at temperature
   0) and beam search with min_len = max_len, the sentences split over every local device.
+  matmul_dtype="bfloat16": the same float32 weights with bfloat16 matmul operands (mixed precision).
   Returns {mode: (run, info)}: run() decodes the batch once."""
   from decode.translate import _search_fn, device_mesh
-  cfg = model_config(args)
+  cfg = model_config(args).replace(matmul_dtype=matmul_dtype)
   n = args.decode_len
   mesh = device_mesh()
   devices = mesh.devices.size
@@ -258,8 +262,10 @@ def decode_ours(args, params, src) -> dict:
   return parts
 
 
-def decode_hf(args, hf_model, src) -> dict:
-  """Hugging Face `generate` on the exported MarianMTModel. Returns {mode: (run, info)}."""
+def decode_hf(args, hf_model, src, autocast=False) -> dict:
+  """Hugging Face `generate` on the exported MarianMTModel. Returns {mode: (run, info)}.
+  autocast=True: under torch.autocast("cpu", torch.bfloat16) (PyTorch's mixed precision)."""
+  import contextlib
   import torch
   torch.set_num_threads(args.threads)
   n = args.decode_len
@@ -268,7 +274,8 @@ def decode_hf(args, hf_model, src) -> dict:
   parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
     def run(beam=beam):
-      with torch.inference_mode():
+      with torch.inference_mode(), (torch.autocast("cpu", dtype=torch.bfloat16) if autocast
+                                    else contextlib.nullcontext()):
         out = hf_model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
                                 min_new_tokens=n, max_new_tokens=n, early_stopping=False,
                                 length_penalty=0.6)
@@ -343,6 +350,9 @@ def table(report: dict) -> str:
       rows.append(("train", name, "absent", "", r["absent"][:60]))
       continue
     ratio = f"{r['tokens_per_s'] / torch_tps:.2f}x" if torch_tps else ""
+    torch_bf16 = tr.get("torch_bf16", {}).get("tokens_per_s")
+    if name == "ours_bf16" and torch_bf16:
+      ratio += f" ({r['tokens_per_s'] / torch_bf16:.2f}x torch_bf16)"
     note = "bf16 autocast" if name == "torch_bf16" else ""
     if name.startswith("ours"):
       note = (f"{r['gflops']:.1f} GFLOP/s = {100 * r['gflops'] / peak:.0f}% of f32 peak {peak:.0f}"
@@ -354,7 +364,7 @@ def table(report: dict) -> str:
   dec = report.get("decode", {})
   for mode in ("greedy", f"beam{report['args']['beam_size']}"):
     tps = lambda name: dec.get(name, {}).get(mode, {}).get("tokens_per_s")
-    for name in ("ours", "ct2", "hf"):
+    for name in ("ours", "ours_bf16", "ct2", "hf", "hf_bf16"):
       r = dec.get(name)
       if r is None:
         continue
@@ -362,17 +372,23 @@ def table(report: dict) -> str:
         rows.append((f"decode {mode}", name, "absent", "", r["absent"][:60]))
         continue
       m = r[mode]
-      # Each peer is compared with the series of our runs timed beside it (see main).
+      # Each peer is compared with the series of ours timed beside it (see main).
       ratios, note = [], ""
-      if name == "ours":
-        for peer, ours_series in (("ct2", "ours_beside_ct2"), ("hf", "ours")):
-          if tps(peer) and tps(ours_series):
-            ratios.append(f"{tps(ours_series) / tps(peer):.2f}x {peer}")
+      if name.startswith("ours"):
+        peers = ["ct2", "hf"] + (["hf_bf16"] if name == "ours_bf16" else [])
+        for peer in peers:
+          mine = tps(name + "_beside_ct2") if peer == "ct2" else tps(name)
+          if tps(peer) and mine:
+            ratios.append(f"{mine / tps(peer):.2f}x {peer}")
         note = f"compile {m['compile_s']:.1f} s; {m['search']}"
-        if tps("ours_beside_ct2"):
-          note += f"; {tps('ours_beside_ct2'):.0f} tok/s beside ct2"
+        if name == "ours_bf16":
+          note += "; bfloat16 matmuls"
+        if tps(name + "_beside_ct2"):
+          note += f"; {tps(name + '_beside_ct2'):.0f} tok/s beside ct2"
       elif name == "ct2" and tps("hf"):
         ratios.append(f"{m['tokens_per_s'] / tps('hf'):.2f}x hf (hf timed before ct2 ran)")
+      elif name == "hf_bf16":
+        note = "bf16 autocast"
       rows.append((f"decode {mode}", name, f"{m['tokens_per_s']:.0f}", " ".join(ratios), note))
   widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
   return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -426,36 +442,46 @@ def main(argv=None):
       out = export.save_ctranslate2(export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
       return decode_ct2(args, out, src, pieces)
 
-    def hf_part(tmp):
+    exported = {}
+
+    def hf_part(tmp, autocast=False):
       from decode import export
-      return decode_hf(args, export.to_marian(params, cfg, vocab), src)
+      if "hf" not in exported:
+        exported["hf"] = export.to_marian(params, cfg, vocab)
+      return decode_hf(args, exported["hf"], src, autocast)
 
     with tempfile.TemporaryDirectory() as tmp:
+      # Ours in float32 and with bfloat16 matmuls, each compiled once.
+      ours = {}
+      for name, matmul_dtype in (("ours", None), ("ours_bf16", "bfloat16")):
+        if name not in skip:
+          got = _run_part(lambda tmp, m=matmul_dtype: decode_ours(args, params, src, m), tmp)
+          if "absent" in got:
+            report["decode"][name] = got
+          else:
+            ours[name] = got
       # PyTorch runs up to 2x slower in a process where CTranslate2 has run (measured here: HF greedy
       # 336 -> 639 ms, a 16 x 8000 matmul 57 -> 77 ms, and it stays so), so every PyTorch measurement
       # comes first, and CTranslate2 is timed afterwards beside a second series of our runs. Each phase
       # times its systems round-robin, as training does.
-      phases = [("hf", hf_part), ("ct2", ct2_part)]
-      ours = None if "ours" in skip else _run_part(lambda tmp: decode_ours(args, params, src), tmp)
-      if ours is not None and "absent" in ours:
-        report["decode"]["ours"], ours = ours, None
-      for peer, part in phases:
-        systems = {} if ours is None else {"ours": ours}
-        if peer not in skip:
-          got = _run_part(part, tmp)
-          if "absent" in got:
-            report["decode"][peer] = got
-          else:
-            systems[peer] = got
-        if peer not in systems and not (peer == "hf" and systems):
-          continue          # (a first series of ours runs even when Hugging Face is absent)
-        # Our first series is the "ours" row; the series beside CTranslate2 gives its ratio.
-        ours_key = "ours" if "ours" not in report["decode"] else "ours_beside_ct2"
+      phases = [("", [("hf", hf_part), ("hf_bf16", lambda tmp: hf_part(tmp, autocast=True))]),
+                ("_beside_ct2", [("ct2", ct2_part)])]
+      for suffix, peers in phases:
+        systems = dict(ours)
+        for peer, part in peers:
+          if peer not in skip:
+            got = _run_part(part, tmp)
+            if "absent" in got:
+              report["decode"][peer] = got
+            else:
+              systems[peer] = got
+        if suffix and len(systems) == len(ours):
+          continue          # no CTranslate2: no second series of ours (the first runs regardless)
         for mode in ("greedy", f"beam{args.beam_size}"):
           runs = {name: parts[mode][0] for name, parts in systems.items()}
           for name, r in interleaved(runs, args.warmup, args.repeats, args.pause).items():
             r.update(systems[name][mode][1], tokens_per_s=src.shape[0] * args.decode_len / r["median_s"])
-            key = ours_key if name == "ours" else name
+            key = name + suffix if name in ours else name
             report["decode"].setdefault(key, {})[mode] = r
             print(f"decode {mode} {key}: {r}", file=sys.stderr)
 

@@ -167,7 +167,14 @@ def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
   state1, hist1 = run(config, devices=jax.devices()[:1])
   state8, hist8 = run(config)
   np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=1e-4)
-  assert_params_close(state1.params, state8.params, tol=1e-4)
+  # (a float32 sum that differs in its last bit can round to a different bfloat16: a rare element
+  # differs by up to 2^-8 relative after a step, which is why the tolerance is wider than float32's)
+  assert_params_close(state1.params, state8.params, tol=1e-3)
+  # FSDP with gradient accumulation and the full-logits loss: runs, and tracks float32 there too
+  # (accumulation draws other dropout masks, so it is compared with float32 accumulation)
+  _, hist_fsdp = run(config, fsdp=True, accum=2, loss_chunk_tokens=0)
+  _, hist_fsdp32 = run(tiny_config(), fsdp=True, accum=2, loss_chunk_tokens=0)
+  np.testing.assert_allclose([h["loss"] for h in hist_fsdp], [h["loss"] for h in hist_fsdp32], rtol=1e-2)
   state32, hist32 = run(tiny_config())
   np.testing.assert_allclose([h["loss"] for h in hist8], [h["loss"] for h in hist32], rtol=1e-2)
   diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(state8.params),

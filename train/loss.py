@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model import precision
+
 
 def _smoothed_target(vocab: int, label_smoothing: float):
   """The smoothed target distribution q: (probability of the right token, of each other token, entropy
@@ -95,7 +97,8 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float, op
   dlogits = (exp / total - jnp.where(onehot, confidence, low)) * weights[:, None]
   dlogits = dlogits.astype(y.dtype)
   dy = jnp.einsum("cv,vd->cd", dlogits, table, preferred_element_type=jnp.float32)
-  dtable = jnp.einsum("cv,cd->vd", dlogits, y, preferred_element_type=jnp.float32)
+  # (contracts both operands' first axis: precision.einsum lays them out for a fast CPU matmul)
+  dtable = precision.einsum("cv,cd->vd", dlogits, y, operand_dtype)
   return (loss, nll_sum, correct_sum), dy, dtable
 
 
