@@ -366,6 +366,10 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
   if fmt not in FORMATS:
     raise ValueError(f"--format {fmt!r}: use one of {FORMATS}")
   cfg, params, vocab, spm_path, config, step = load_run(workdir, checkpoint, fmt)
+  if cfg.mixed_dtype is not None:
+    print(f"note: {workdir} computes its matmuls with {cfg.matmul_dtype} operands (mixed precision); the "
+          f"exported model computes them in float32 from the same float32 weights, so its logits differ "
+          f"from ours by that rounding", file=sys.stderr)
   if fmt == "hf":
     beam = config.decode.get("beam_size") if "decode" in config else None
     out = export_hf(params, cfg, vocab, spm_path, out_dir, beam_size=beam)

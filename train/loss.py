@@ -73,8 +73,8 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float, op
   """One chunk. y [c, d] (compute dtype), table [vocab, d], targets int [c], weights float32 [c].
   operand_dtype: None, or the dtype the three matmuls read their operands in (mixed precision).
 
-  Returns (loss, nll, correct) float32 scalars, dy [c, d] and dtable [vocab, d] (float32), the gradients
-  of the smoothed loss sum.
+  Returns (loss, nll, correct) float32 scalars, dy [c, d] and dtable_t [d, vocab] (float32), the
+  gradients of the smoothed loss sum (the table's transposed).
   """
   vocab = table.shape[0]
   if operand_dtype is not None:
@@ -97,9 +97,10 @@ def _chunk_sums_and_grads(y, table, targets, weights, label_smoothing: float, op
   dlogits = (exp / total - jnp.where(onehot, confidence, low)) * weights[:, None]
   dlogits = dlogits.astype(y.dtype)
   dy = jnp.einsum("cv,vd->cd", dlogits, table, preferred_element_type=jnp.float32)
-  # (contracts both operands' first axis: precision.einsum lays them out for a fast CPU matmul)
-  dtable = precision.einsum("cv,cd->vd", dlogits, y, operand_dtype)
-  return (loss, nll_sum, correct_sum), dy, dtable
+  # Transposed, [d, vocab]: the matmul then transposes y [c, d] to read it row-major, not the 8x larger
+  # dlogits (1.06x-1.08x for the whole step, float32 or mixed, measured side by side).
+  dtable_t = precision.einsum("cd,cv->dv", y, dlogits, operand_dtype)
+  return (loss, nll_sum, correct_sum), dy, dtable_t
 
 
 def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens, operand_dtype=None):
@@ -124,14 +125,18 @@ def _fused_forward(y, table, targets, weights, label_smoothing, chunk_tokens, op
   def split(x):   # [rows, chunks * per_chunk, ...] -> [chunks, rows, per_chunk, ...]
     return jnp.moveaxis(x.reshape(rows, chunks, per_chunk, *x.shape[2:]), 1, 0)
 
-  def body(dtable, xs):
-    yc, tc, wc = xs                                            # [rows, per_chunk, (d)]
-    sums, dy, dt = _chunk_sums_and_grads(yc.reshape(-1, d), table, tc.reshape(-1), wc.reshape(-1),
-                                         label_smoothing, operand_dtype)
-    return dtable + dt, (sums, dy.reshape(rows, per_chunk, d))
+  # Rounded once here rather than in every chunk.
+  low_table = table if operand_dtype is None else table.astype(operand_dtype)
 
-  dtable, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape, jnp.float32),
-                                    (split(y3), split(t3), split(w3)))
+  def body(dtable_t, xs):
+    yc, tc, wc = xs                                            # [rows, per_chunk, (d)]
+    sums, dy, dt = _chunk_sums_and_grads(yc.reshape(-1, d), low_table, tc.reshape(-1), wc.reshape(-1),
+                                         label_smoothing, operand_dtype)
+    return dtable_t + dt, (sums, dy.reshape(rows, per_chunk, d))
+
+  dtable_t, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape[::-1], jnp.float32),
+                                      (split(y3), split(t3), split(w3)))
+  dtable = dtable_t.T
   sums = tuple(jnp.sum(s) for s in sums)
   dy = jnp.moveaxis(dy, 0, 1).reshape(rows, chunks * per_chunk, d)[:, :length]
   return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype))
