@@ -79,7 +79,11 @@ class TransformerConfig:
     as_dtype(self.dtype)
     as_dtype(self.param_dtype)
     if self.matmul_dtype is not None:
-      as_dtype(self.matmul_dtype)
+      matmul = as_dtype(self.matmul_dtype)
+      if matmul != as_dtype(self.dtype) and as_dtype(self.dtype) != jnp.float32:
+        fail(f"matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision rounds the "
+             f"operands of float32 activations; with dtype={self.dtype!r} they are {self.dtype} already. "
+             f"Leave matmul_dtype unset, or use dtype='float32'")
 
   @property
   def head_dim_k(self) -> int:

@@ -117,6 +117,9 @@ def test_mixed_model_tracks_the_float32_model():
   assert cosine > 0.999, cosine
 
 
-def test_config_rejects_an_unknown_matmul_dtype():
+def test_config_rejects_an_unknown_or_pointless_matmul_dtype():
   with pytest.raises(ValueError, match="float8"):
     SMALL.replace(matmul_dtype="float8")
+  with pytest.raises(ValueError, match="matmul_dtype='float32' with dtype='bfloat16'"):
+    SMALL.replace(dtype="bfloat16", matmul_dtype="float32")
+  assert SMALL.replace(dtype="bfloat16", matmul_dtype="bfloat16").mixed_dtype is None
