@@ -75,8 +75,8 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   """
   scale = q.shape[-1] ** -0.5
   q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
-  logits = precision.einsum("bhqd,bhkd->bhqk", q, k.astype(q.dtype),
-                            matmul_dtype)                   # float32 [b, h, q_len, kv_len]
+  k = k if matmul_dtype is not None else k.astype(q.dtype)  # (mixed: the cache is stored rounded)
+  logits = precision.einsum("bhqd,bhkd->bhqk", q, k, matmul_dtype)  # float32 [b, h, q_len, kv_len]
   weights = _masked_softmax(logits, mask)                   # float32
   out = _weighted_values("bhqk,bhkd->bhqd", weights, v, dtype, matmul_dtype)  # [b, h, q_len, d_v]
   return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]

@@ -100,7 +100,9 @@ class DecoderLayer(nn.Module):
     """Cross-attention keys [b, h, src_len, d_k] and values [b, h, src_len, d_v] (head-major, the layout
     `cached_attention` reads without a transpose), once per source."""
     keys, values = self.cross_attention.project_kv(enc_out)             # [b, src_len, h, d]
-    return jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
+    # With mixed precision the attention matmuls read them rounded: round them once, here.
+    dtype = self.cfg.mixed_dtype or keys.dtype
+    return jnp.swapaxes(keys, 1, 2).astype(dtype), jnp.swapaxes(values, 1, 2).astype(dtype)
 
   def step(self, x, layer_cache, index, cross, src_mask, history=None):
     """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).

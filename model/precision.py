@@ -99,7 +99,7 @@ def _grad_rhs(g, lhs, dimension_numbers, rhs_ndim):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _mixed(lhs, rhs, dimension_numbers, dtype):
-  return _matmul(lhs.astype(dtype), rhs.astype(dtype), dimension_numbers)
+  return _mixed_fwd(lhs, rhs, dimension_numbers, dtype)[0]
 
 
 def _mixed_fwd(lhs, rhs, dimension_numbers, dtype):

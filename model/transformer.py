@@ -223,7 +223,8 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
   """
   if max_len > cfg.max_len and cfg.learned_positions:
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
-  dtype = cfg.compute_dtype
+  # With mixed precision only matmuls read the cache, in the matmul dtype: it is stored rounded.
+  dtype = cfg.mixed_dtype or cfg.compute_dtype
   layer = lambda: {"k": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_k), dtype),
                    "v": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_v), dtype)}
   cache = {"index": jnp.zeros((batch_size,), jnp.int32),
