@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from model.config import TransformerConfig
+from model.config import TransformerConfig, as_dtype
 from model.embedding import sinusoid
 
 FORMATS = ("hf", "ctranslate2")
@@ -366,7 +366,7 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
   if fmt not in FORMATS:
     raise ValueError(f"--format {fmt!r}: use one of {FORMATS}")
   cfg, params, vocab, spm_path, config, step = load_run(workdir, checkpoint, fmt)
-  if cfg.mixed_dtype is not None:
+  if cfg.matmul_dtype is not None and as_dtype(cfg.matmul_dtype) != as_dtype(cfg.dtype):
     print(f"note: {workdir} computes its matmuls with {cfg.matmul_dtype} operands (mixed precision); the "
           f"exported model computes them in float32 from the same float32 weights, so its logits differ "
           f"from ours by that rounding", file=sys.stderr)

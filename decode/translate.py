@@ -73,15 +73,13 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
       rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
-    cross = model.apply(variables, enc_out, method="cross_kv")
+    memory = model.apply(variables, enc_out, method="prepare_decoding")   # once per batch
     src_mask = src != 0
 
-    kernel = model.apply(variables, method="output_kernel")     # transposed once, not every step
-
     def tokens_to_logits(ids, cache):
-      return model.apply(variables, ids, cache, cross, src_mask, kernel, method="decode_step")
+      return model.apply(variables, ids, cache, memory, src_mask, method="decode_step")
 
-    # Beam search leaves the keys and values where they were written (no per-step reorder copy).
+    # Beam search may keep the keys and values where they were written (no per-step reorder copy).
     cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)
     if sampling:
       seqs, scores = sampling_lib.sample(
@@ -91,7 +89,7 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
-        min_len=min_len, reorder=reorder_cache)
+        min_len=min_len, reorder=functools.partial(reorder_cache, cfg))
 
   if not sharded:
     return jax.jit(search)

@@ -33,13 +33,14 @@ def get_config(arg=None):
       dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
       max_len=256, dtype="float32", param_dtype="float32",
       pre_norm=False, learned_positions=False, share_embeddings=True, attention_bias=True,
+      kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
   ))
 
   # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
   # Matmul operands: None (the compute dtype) or "bfloat16", mixed precision with float32 accumulation
-  # (model/precision.py): --config.model.matmul_dtype=bfloat16.
+  # (docs/model.md): --config.model.matmul_dtype=bfloat16.
   config.model.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
 
   # Data (owned by data/): see README "Data".

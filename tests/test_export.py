@@ -82,7 +82,7 @@ def our_greedy(cfg, params, src, max_new):
   model = Transformer(cfg)
   src = jnp.asarray(src)
   enc_out = model.apply({"params": params}, src, method="encode")
-  cross = model.apply({"params": params}, enc_out, method="cross_kv")
+  cross = model.apply({"params": params}, enc_out, method="prepare_decoding")
   cache = init_cache(cfg, batch_size=src.shape[0], max_len=max_new)
   ids = jnp.full((src.shape[0],), 2, jnp.int32)
   done = np.zeros(src.shape[0], bool)

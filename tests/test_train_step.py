@@ -160,7 +160,7 @@ def test_one_device_equals_eight_devices():
 
 
 def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
-  """Mixed precision (model.matmul_dtype="bfloat16", model/precision.py) in the jitted data-parallel
+  """Mixed precision (model.matmul_dtype="bfloat16", kernels/mixed_matmul.py) in the jitted data-parallel
   step, fused loss included: losses within 1% of float32's, and 1 device equals 8."""
   config = tiny_config()
   config.model.matmul_dtype = "bfloat16"
@@ -260,22 +260,26 @@ def test_fused_output_losses_equal_full_logits(chunk, label_smoothing):
 
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_fused_and_full_logit_steps_train_alike(share_embeddings):
-  """A few steps with the fused output loss give the parameters and metrics of the full-logits path."""
+  """A few steps with the fused output loss (model.kernels "cpu") give the parameters and metrics of the
+  full-logits path: the same kernels with loss_chunk_tokens=0, and the reference, which never fuses."""
   config = tiny_config()
   config.model.share_embeddings = share_embeddings
+  config.model.dropout_rate = 0.0   # the reference draws other dropout masks
   results = []
-  for chunk in (0, 16):
+  for kernels, chunk in (("cpu", 16), ("cpu", 0), ("reference", 16)):
+    config.model.kernels = kernels
     mesh, _, state, _, step = setup(config, jax.devices()[:1], loss_chunk_tokens=chunk)
     history = []
     for i in range(3):
       state, metrics = step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(7))
       history.append(jax.device_get(metrics))
     results.append((jax.device_get(state.params), history))
-  (params_full, hist_full), (params_fused, hist_fused) = results
-  for a, b in zip(hist_full, hist_fused):
-    for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
-      np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
-  assert_params_close(params_full, params_fused)
+  params_fused, hist_fused = results[0]
+  for params_full, hist_full in results[1:]:
+    for a, b in zip(hist_full, hist_fused):
+      for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
+    assert_params_close(params_full, params_fused)
 
 
 def test_data_parallel_fused_loss_gathers_nothing():

@@ -78,7 +78,8 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
     return
   old = json.loads(path.read_text())
   changes = config_io.diff_configs(old, config.to_dict())
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
+           and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
   if fatal and has_checkpoints:
     raise ValueError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
