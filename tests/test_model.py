@@ -363,20 +363,17 @@ def test_bfloat16_computes_in_bfloat16_and_stays_close_to_float32():
 @pytest.mark.parametrize("kernels", ["reference", "cpu"])
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_bfloat16_logits_are_accumulated_and_returned_in_float32(share_embeddings, kernels):
-  """With dtype bfloat16 the output layer reads bfloat16 operands but accumulates in float32: the
-  logits are not bfloat16 values cast up (they were, with an unshared output layer)."""
+  """dtype bfloat16: the output layer reads bfloat16 operands but accumulates in float32, so the logits
+  are not bfloat16 values cast up (they were, with an unshared output layer)."""
   cfg = SMALL.replace(dtype="bfloat16", share_embeddings=share_embeddings, kernels=kernels)
-  rng = np.random.default_rng(7)
-  src, tgt = _random_ids(rng, (2, 6)), _random_ids(rng, (2, 5))
-  model = Transformer(cfg)
-  params = _init(cfg, src, tgt)
+  src, tgt = _random_ids(np.random.default_rng(7), (2, 6)), _random_ids(np.random.default_rng(8), (2, 5))
+  model, params = Transformer(cfg), _init(cfg, src, tgt)
   logits = _forward(model)(params, src, tgt)
   y, table = jax.jit(lambda p: model.apply({"params": p}, src, tgt, method="features"))(params)
   assert y.dtype == table.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   want = jnp.einsum("btd,vd->btv", y.astype(jnp.float32), table.astype(jnp.float32))
   np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
-  as_bf16 = np.asarray(logits.astype(jnp.bfloat16).astype(jnp.float32))
-  assert np.mean(np.asarray(logits) != as_bf16) > 0.5
+  assert np.mean(np.asarray(logits) != np.asarray(logits.astype(jnp.bfloat16).astype(jnp.float32))) > 0.5
 
 
 # ---------------------------------------------------------------------------------------------------
