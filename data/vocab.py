@@ -87,21 +87,3 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
       input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
       minloglevel=2)
   return writer.getvalue()
-
-
-def get_vocab(data_config, workdir) -> Vocab:
-  """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
-  path = pathlib.Path(workdir) / VOCAB_FILE
-  if path.exists():
-    return Vocab.load(path)
-  from data.sources import load_pairs
-  pairs = load_pairs(data_config, "train")
-  texts = [side for pair in pairs for side in pair]
-  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
-                      sample_sentences=int(data_config.vocab_sample_sentences),
-                      model_type=data_config.get("vocab_model_type", "bpe"))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_bytes(model)
-  os.replace(tmp, path)
-  return Vocab(model, path)

@@ -20,6 +20,8 @@ import tqdm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import bucket_lengths
+from data.vocab import BOS, EOS
+from decode import DEFAULTS
 from decode import beam_search as beam_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
@@ -86,11 +88,11 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
-          eos_id=3, bos_id=2, min_len=min_len, **dict(sampling))
+          eos_id=EOS, bos_id=BOS, min_len=min_len, **dict(sampling))
       return seqs[:, None], scores[:, None]
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
-        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
+        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=BOS, alpha=alpha,
         min_len=min_len, reorder=reorder_cache)
 
   if not sharded:
@@ -100,8 +102,9 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
                                check_vma=False))
 
 
-def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
-              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
+def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
+              alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
+              batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -127,8 +130,8 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   mesh = device_mesh() if mesh is None else mesh
   num_devices = mesh.devices.size
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
-  if vocab.eos_id != 3 or vocab.bos_id != 2:
-    raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
+  if vocab.eos_id != EOS or vocab.bos_id != BOS:
+    raise ValueError(f"translate expects bos={BOS} and eos={EOS} (data.vocab ids)")
   sentences = list(sentences)
   ids = vocab.encode_batch(sentences) if sentences else []
   limit = cfg.max_len          # positions the model can encode and decode

@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from train import config_io, metrics_io, run_dir
-from train import checkpoint as ckpt
+import experiments
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run import checkpoint as ckpt
 from train.train import TIMING_KEYS, NonFiniteError, train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -26,8 +27,8 @@ QUIET = {"train.test_bleu": False, "train.bleu_every": 0, "train.progress": Fals
 
 
 def smoke_config(**overrides):
-  config = config_io.load_experiment(SMOKE)
-  return config_io.apply_overrides(config, {**QUIET, **overrides})
+  config = experiments.load_experiment(SMOKE)
+  return experiments.apply_overrides(config, {**QUIET, **overrides})
 
 
 def trainer(workdir, *overrides, devices=8):

@@ -14,8 +14,8 @@ from decode.__main__ import main as decode_main
 from decode.beam_search import length_penalty
 from experiments import default
 from model import Transformer, TransformerConfig
-from train import checkpoint as ckpt
-from train import config_io
+from run import checkpoint as ckpt
+from run import config as config_io
 
 MODEL = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, max_len=64)
 

@@ -12,8 +12,12 @@ import os
 import pathlib
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from run.workdir import RunDirLocked
+from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
@@ -26,11 +30,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config=... --workdir=...")
   logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
-  import jax
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  from train.train import NonFiniteError, train_and_evaluate
-  from train.run_dir import RunDirLocked
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or config.workdir
