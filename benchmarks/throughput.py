@@ -237,7 +237,7 @@ def decode_ours(args, params, src, matmul_dtype=None) -> dict:
   0) and beam search with min_len = max_len, the sentences split over every local device.
   matmul_dtype="bfloat16": the same float32 weights with bfloat16 matmul operands (mixed precision).
   Returns {mode: (run, info)}: run() decodes the batch once."""
-  from decode.translate import _search_fn, device_mesh
+  from decode.translate import search_fn, device_mesh
   cfg = model_config(args).replace(matmul_dtype=matmul_dtype)
   n = args.decode_len
   mesh = device_mesh()
@@ -251,7 +251,7 @@ def decode_ours(args, params, src, matmul_dtype=None) -> dict:
   parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
     sampling = (("temperature", 0.0),) if beam == 1 else ()
-    fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
+    fn = search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
     start = time.perf_counter()
     compiled = fn.lower(params, src, limits, key).compile()
     compile_s = time.perf_counter() - start

@@ -23,6 +23,7 @@ class Vocab:
   def __init__(self, model_bytes: bytes, path: str = "<memory>"):
     self.path = str(path)
     self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    self.model_bytes = model_bytes   # the serialized SentencePiece model (what vocab.model holds)
     self.fingerprint = hashlib.sha256(model_bytes).hexdigest()[:16]
     ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
     if ids != (PAD, UNK, BOS, EOS):
@@ -30,6 +31,10 @@ class Vocab:
                        f"{(PAD, UNK, BOS, EOS)}; train the vocabulary with data.vocab.train_vocab")
 
   pad_id, unk_id, bos_id, eos_id = PAD, UNK, BOS, EOS
+
+  def id_to_piece(self, token_id: int) -> str:
+    """The SentencePiece piece (token string) of one id, e.g. '▁house'."""
+    return self._sp.id_to_piece(int(token_id))
 
   @classmethod
   def load(cls, path) -> "Vocab":

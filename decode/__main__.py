@@ -54,8 +54,8 @@ def main(argv=None) -> None:
                                    epilog=__doc__.split("\n", 1)[1],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="run directory written by `python -m train`")
-  parser.add_argument("--checkpoint", type=run.checkpoint_arg, default=None,
-                      help="a step number or 'averaged' (default: the newest checkpoint)")
+  parser.add_argument("--checkpoint", default=None,
+                      help="a step number, 'averaged' or 'latest' (the default)")
   parser.add_argument("--input", required=True, help="source text, one sentence per line ('-': stdin)")
   parser.add_argument("--output", default="-", help="translations ('-': stdout, the default)")
   parser.add_argument("--beam_size", type=int, default=None,
@@ -88,7 +88,10 @@ def main(argv=None) -> None:
   import run
   from decode.bleu import paper_bleu, sacrebleu_score
   from decode.translate import translate
-  from run.workdir import write_atomically
+  try:
+    args.checkpoint = run.checkpoint_arg(args.checkpoint)
+  except argparse.ArgumentTypeError as error:
+    parser.error(str(error))
   try:
     run_decode = run.load_run_config(args.workdir).decode
   except FileNotFoundError as e:

@@ -27,7 +27,7 @@ from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 
 
-def _bucket(length: int) -> int:
+def bucket_length(length: int) -> int:
   """8, 12, 16, 24, 32, 48, 64, 96, ... (data.batching's buckets): padding wastes at most a third, and
   few shapes compile."""
   return next(b for b in bucket_lengths(1 << 30) if b >= length)
@@ -37,7 +37,7 @@ def _pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _rows(count: int, max_rows: int) -> int:
+def batch_rows(count: int, max_rows: int) -> int:
   """Rows for a batch of `count` sentences: max_rows (one shape per bucket, so one compile), or for a
   bucket that is one small batch, the next power of two (a single short sentence stays cheap)."""
   rows = 1
@@ -56,7 +56,7 @@ def device_mesh(devices=None) -> Mesh:
 
 
 @functools.lru_cache(maxsize=None)
-def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
+def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
                sampling: tuple = (), mesh: Mesh | None = None):
   """The jitted encode + search for one model config and search setting: beam search, or with
   `sampling` (sorted (name, value) pairs of decode.sampling.sample's settings) one sample per sentence.
@@ -147,7 +147,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     if not s:   # nothing to translate
       results[i] = [("", 0.0)] * nbest
       continue
-    buckets.setdefault(min(_bucket(len(s)), limit), []).append(i)   # len(s) <= limit
+    buckets.setdefault(min(bucket_length(len(s)), limit), []).append(i)   # len(s) <= limit
 
   bar = tqdm.tqdm(total=len(sentences), desc="translate", unit="sent", disable=not progress,
                   leave=False)
@@ -157,10 +157,10 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
     max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
     steps = min(padded + max_extra_len, limit)
-    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
+    search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
-      rows = _rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
+      rows = batch_rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
       rows = _round_up(rows, num_devices)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded

@@ -67,8 +67,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
     if leaf not in node:
       raise KeyError(f"config override {dotted!r}: no key {leaf!r} in "
                      f"{'.'.join(parents) or 'config'}; known: {sorted(node.keys())}")
+    old = node[leaf]
     if isinstance(value, str):
-      value = _parse_value(value, node[leaf])
+      value = _parse_value(value, old)
+    if (old is not None and value is not None and not isinstance(value, type(old))
+        and not isinstance(old, ml_collections.ConfigDict)):
+      raise TypeError(f"config override {dotted}={value!r}: expected a {type(old).__name__} like the "
+                      f"experiment's {old!r}")
     with node.ignore_type():
       node[leaf] = value
   return config

@@ -60,7 +60,6 @@ def get_config(arg=None):
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
       batch_tokens=2048,           # target tokens per batch (the paper: ~25,000)
       pack=True,                   # several pairs per row: one batch shape, one compile, little padding
-      num_workers=0,
   ))
 
   # Training (owned by train/).

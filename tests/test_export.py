@@ -161,7 +161,7 @@ def test_greedy_is_identical_in_ours_hf_and_ctranslate2(run):
   translator = ctranslate2.Translator(str(run["ct2_dir"]), device="cpu", intra_threads=2)
   pieces = json.loads((run["hf_dir"] / "vocab.json").read_text())
   id_of = {p: i for p, i in pieces.items()}
-  results = translator.translate_batch([[vocab._sp.id_to_piece(int(i)) for i in r if i] for r in src],
+  results = translator.translate_batch([[vocab.id_to_piece(int(i)) for i in r if i] for r in src],
                                        beam_size=1, max_decoding_length=MAX_NEW, return_end_token=True)
   ct2 = [[id_of[p] for p in r.hypotheses[0]] for r in results]
   assert len({tuple(r) for r in ours}) > 1 and max(len(r) for r in ours) > 3, ours   # not degenerate
@@ -181,7 +181,7 @@ def test_ctranslate2_scores_equal_ours_for_every_switch(run, tmp_path):
   targets = [vocab.encode(t) for t in sentences(random.Random(3), len(texts))]
   tgt_in = padded([[vocab.bos_id] + t for t in targets])
   log_probs = np.asarray(jax.nn.log_softmax(Transformer(cfg).apply({"params": params}, src, tgt_in)))
-  piece = vocab._sp.id_to_piece
+  piece = vocab.id_to_piece
   scored = ctranslate2.Translator(str(out), device="cpu").score_batch(
       [[piece(int(i)) for i in r if i] for r in src], [[piece(i) for i in t] for t in targets])
   for row, (t, s) in enumerate(zip(targets, scored)):
