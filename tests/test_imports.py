@@ -1,5 +1,7 @@
-"""Dependencies point one way: data <- model <- run <- decode <- train, export <- experiments <- sweep,
-benchmarks (docs/runs.md). Reads every module's imports (also those inside functions) with ast."""
+"""Dependencies point one way: data <- model <- run <- decode <- train, export <- experiments <- the
+command lines that load experiments (python -m train, train.sweep, benchmarks); see docs/runs.md.
+Reads every module's imports (also those inside functions) with ast.
+"""
 import ast
 import pathlib
 
@@ -7,9 +9,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Rank of each top-level package (or module): a module may import its own package and lower ranks only.
-# train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS.
+# train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS; the command
+# lines that load experiments (python -m train, python -m train.sweep, benchmarks) sit on top.
 RANK = {"data": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
-        "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6}
+        "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6}
 PACKAGES = {"data", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
 
 
