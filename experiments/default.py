@@ -20,6 +20,8 @@ peaking at 2e-3 after 200 steps (6e-3 stalled).
 """
 import ml_collections
 
+import decode
+
 
 def get_config(arg=None):
   config = ml_collections.ConfigDict()
@@ -59,7 +61,6 @@ def get_config(arg=None):
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
       batch_tokens=2048,           # target tokens per batch (the paper: ~25,000)
       pack=True,                   # several pairs per row: one batch shape, one compile, little padding
-      num_workers=0,
   ))
 
   # Training (owned by train/).
@@ -91,9 +92,7 @@ def get_config(arg=None):
   ))
 
   # Decoding (owned by decode/).
-  config.decode = ml_collections.ConfigDict(dict(
-      beam_size=4, alpha=0.6, max_extra_len=50, batch_tokens=4096,
-  ))
+  config.decode = ml_collections.ConfigDict(dict(decode.DEFAULTS))
 
   if arg == "smoke":
     config.model.update(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
