@@ -246,7 +246,8 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
 
   rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides, paper)
           for t in trials]
-  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec)
+  baseline = getattr(experiments.load_module(config_spec.partition(":")[0]), "BASELINE", ())
+  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec, baseline=baseline)
   counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
   say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
   print(markdown_table(rows, bool(paper)), file=out)
