@@ -19,7 +19,8 @@ CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a secon
   python -m train.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu
   Expected: not yet run (docs/table3.md). results.md says, per row, whether each effect's direction
   against base (mean of base and base_seed1, ties within their spread) agrees with the paper's.
-  Cost: COST-LINE
+  Cost: about 90 minutes on 2 idle cores, one trial at a time; a rough estimate from a few steps of base and
+  big timed on a heavily loaded machine (docs/table3.md says how; not measured on an idle one).
 
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's
@@ -75,7 +76,7 @@ BASELINE = ("base", "base_seed1")
 # The cpu variant: every row shrunk by one rule (see the module docstring).
 # ------------------------------------------------------------------------------------------------------
 CPU_SCALE = 4                  # every width divided by this: d_model 512 -> 128, d_ff, d_k, d_v alike
-CPU_STEPS = 600                # the base row's optimizer steps (the paper: 100K); big trains 3x as long
+CPU_STEPS = 240                # the base row's optimizer steps (the paper: 100K); big trains 3x as long
 CPU_CORPUS = "corpus/po_ende"  # scripts/build_po_corpus.py --lang de --out corpus/po_ende
 _WIDTHS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
 
