@@ -89,6 +89,13 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
   return writer.getvalue()
 
 
+def auto_vocab_size(num_pairs: int) -> int:
+  """config.data.vocab_size=0: pieces by corpus size, 16 * sqrt(pairs) rounded to 500, in [1000, 32000]
+  (28k pairs: 2,500; 75k: 4,500; 1M: 16,000). Small corpora see each piece of a large vocabulary too
+  rarely to learn it, and a smaller output layer also leaves compute for depth on a CPU."""
+  return int(min(32_000, max(1_000, round(16 * num_pairs ** 0.5 / 500) * 500)))
+
+
 def get_vocab(data_config, workdir) -> Vocab:
   """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
   path = pathlib.Path(workdir) / VOCAB_FILE
@@ -97,7 +104,8 @@ def get_vocab(data_config, workdir) -> Vocab:
   from data.sources import load_pairs
   pairs = load_pairs(data_config, "train")
   texts = [side for pair in pairs for side in pair]
-  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
+  size = int(data_config.vocab_size) or auto_vocab_size(len(pairs))
+  model = train_vocab(texts, size, seed=int(data_config.get("vocab_seed", 0)),
                       sample_sentences=int(data_config.vocab_sample_sentences),
                       model_type=data_config.get("vocab_model_type", "bpe"))
   path.parent.mkdir(parents=True, exist_ok=True)

@@ -128,7 +128,8 @@ def main(argv=None) -> None:
   print(f"[decode] {len(sources)} sentences with {where}, {how}", file=sys.stderr)
   out = translate(Transformer(cfg), params, vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
                   max_extra_len=args.max_extra_len, batch_tokens=batch_tokens, nbest=args.nbest,
-                  min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True)
+                  min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True,
+                  source_eos=bool(config.data.get("source_eos", False)))
   if args.nbest == 1:
     hyps, text = out, "".join(h + "\n" for h in out)
   else:

@@ -101,7 +101,8 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
 
 
 def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
-              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
+              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None,
+              source_eos=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -111,6 +112,7 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
+  source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
   mesh: the devices that share each batch (default: `device_mesh()`, all of this process's devices; on a
   CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
@@ -137,6 +139,8 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
     warnings.warn(f"translate: {len(too_long)} sources are longer than the model's max_len={limit} "
                   f"tokens and are truncated (first: input line {too_long[0] + 1})", stacklevel=2)
     ids = [s[:limit] for s in ids]
+  if source_eos:   # after the truncation, so that the source the model sees always ends with EOS
+    ids = [s[:limit - 1] + [vocab.eos_id] if s else s for s in ids]
 
   results: list = [None] * len(sentences)
   buckets: dict[int, list[int]] = {}

@@ -47,6 +47,9 @@ def main(argv):
           f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
   if outcome.test_bleu is not None:
     print(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
+    if outcome.test_bleu_averaged is not None:
+      print(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
+            f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")
     for src, ref, hyp in outcome.samples or []:
       print(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
   print(f"run directory: {outcome.workdir}")

@@ -41,8 +41,11 @@ class Outcome:
   workdir: str
   step: int
   interrupted: str | None = None       # name of the signal that stopped the run early, if any
-  test_bleu: float | None = None
+  test_bleu: float | None = None       # of the final parameters
   test_signature: str | None = None
+  test_bleu_averaged: float | None = None   # of the average of the last config.train.average_last
+  averaged_steps: list | None = None        # checkpoints (None without averaging)
+  stopped_early: bool = False          # dev loss stopped improving (config.train.early_stop_evals)
   samples: list | None = None          # [(source, reference, hypothesis)]
   eval: dict | None = None
 
@@ -93,14 +96,14 @@ def _evaluate(eval_fn, params, batches, mesh) -> dict:
   return step_lib.finish_eval(sums)
 
 
-def _bleu(model, params, vocab, pairs, decode_config):
+def _bleu(model, params, vocab, pairs, decode_config, source_eos):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
   from decode.bleu import sacrebleu_score
   from decode.translate import translate
   host_params = jax.device_put(params, jax.local_devices()[0])
   hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
                    alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
-                   batch_tokens=decode_config.batch_tokens)
+                   batch_tokens=decode_config.batch_tokens, source_eos=source_eos)
   score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
   return float(score), signature, hyps
 
@@ -118,12 +121,16 @@ def train_and_evaluate(config, workdir) -> Outcome:
 
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
-  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
+  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator, source_eos
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
   # Run directory: config, versions, checkpoint manager.
   # ------------------------------------------------------------------------------------------------
+  average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
+  if average_last > int(tc.keep_checkpoints):
+    raise ValueError(f"config.train.average_last={average_last} averages more checkpoints than "
+                     f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
   _check_config(config, workdir, bool(manager.all_steps()))
   config_io.save_config(config, workdir)
@@ -160,7 +167,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   params_key, train_key = jax.random.split(jax.random.key(config.seed))
   params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state)
   pending = []   # per-step metric dicts since the last log line (restored too: exact averages on resume)
+  # Early stopping: the best dev loss so far, the evals since it, and whether the run has stopped.
+  early = {"best": float("inf"), "bad": 0, "stopped": False}
   if meta is not None:
+    early.update(meta.get("early_stop", {}))
     if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
       raise ValueError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
                        f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
@@ -215,7 +225,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     check_finite(step)
     host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
     meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": train_iter.get_state(),
-            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending}
+            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending,
+            "early_stop": dict(early)}
     ckpt.save(manager, step, state.params, state.opt_state, meta)
 
   # ------------------------------------------------------------------------------------------------
@@ -223,7 +234,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
   writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
-                                    drop_reports=start_step >= int(tc.num_steps))
+                                    drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
   def evaluate(step, with_bleu):
     t0 = time.time()
@@ -231,7 +242,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     result["eval/seconds"] = time.time() - t0
     if with_bleu:
       t0 = time.time()
-      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode)
+      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode, source_eos(config.data))
       result["eval/bleu"] = bleu
       result["eval/bleu_seconds"] = time.time() - t0
     writer.write(step, result)
@@ -250,7 +261,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   step = start_step
   signals = _Signals().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
   try:
-    while step < num_steps and signals.received is None:
+    while step < num_steps and not early["stopped"] and signals.received is None:
       batch = next(train_iter)
       state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
       pending.append(metrics)
@@ -265,6 +276,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         line["train/learning_rate"] = float(host[-1]["learning_rate"])
         tokens = float(np.sum([float(m["tokens"]) for m in host]))
         line["train/tokens"] = tokens
+        # Real (not padded) tokens per batch, source and target: what config.data.batch_tokens bounds.
+        line["train/src_tokens_per_batch"] = line.pop("train/src_tokens", 0.0)
+        line["train/tgt_tokens_per_batch"] = tokens / len(host)
         line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
         line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
         writer.write(step, line)
@@ -276,9 +290,16 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       if every(tc.eval_every, step) or step == num_steps:
         eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
         last_log_time = time.time()   # keep eval time out of tokens/s
+        if patience:
+          better = eval_result["eval/loss"] < early["best"]
+          early.update(best=min(early["best"], eval_result["eval/loss"]), bad=0 if better else early["bad"] + 1)
+          if early["bad"] >= patience:
+            early["stopped"] = True
+            print(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
+                  f"stopping at step {step}")
 
       minutes = (time.time() - last_save_time) / 60
-      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received
+      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received or early["stopped"]
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
         save(step)
         last_save_time = time.time()
@@ -297,16 +318,27 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # The end: test-set sacreBLEU with its signature, and a few sample translations.
   # ------------------------------------------------------------------------------------------------
-  outcome = Outcome(str(workdir), step, eval=eval_result)
+  outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"])
   if eval_result is None:   # a finished run rerun: report again
     eval_result = outcome.eval = evaluate(step, with_bleu=False)
   if tc.test_bleu:
     test_pairs = load_pairs(config.data, "test")
     if tc.get("test_sentences", 0):
       test_pairs = test_pairs[:tc.test_sentences]
-    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode)
+    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode,
+                                  source_eos(config.data))
     writer.write(step, {"test/bleu": bleu, "test/signature": signature})
     outcome.test_bleu, outcome.test_signature = bleu, signature
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
+  if average_last:
+    # The paper's reported models: the element-wise mean of the last average_last checkpoints.
+    from train.average import average_checkpoints
+    _, outcome.averaged_steps = average_checkpoints(workdir, average_last)
+    writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps))})
+    if tc.test_bleu:
+      averaged, _ = ckpt.load_params(workdir, "averaged")
+      bleu, _, _ = _bleu(model, averaged, vocab, test_pairs, config.decode, source_eos(config.data))
+      writer.write(step, {"test/bleu_averaged": bleu})
+      outcome.test_bleu_averaged = bleu
   writer.close()
   return outcome
