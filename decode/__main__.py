@@ -15,6 +15,8 @@ import os
 import pathlib
 import sys
 
+from train.user_errors import fail, reported
+
 
 def _checkpoint_arg(text: str):
   if text == "averaged":
@@ -30,12 +32,12 @@ def _read_lines(path: str, what: str) -> list[str]:
     return [line.rstrip("\r\n") for line in sys.stdin]
   file = pathlib.Path(path)
   if not file.is_file():
-    raise SystemExit(f"{what} {path!r} does not exist")
+    fail(f"{what} {path!r} does not exist")
   try:
     return file.read_text(encoding="utf-8").splitlines()
   except UnicodeDecodeError as e:
     line = file.read_bytes()[:e.start].count(b"\n") + 1
-    raise SystemExit(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
+    fail(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8")
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -60,6 +62,11 @@ def use_cpu_devices(count: int) -> None:
 
 
 def main(argv=None) -> None:
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    _main(argv)
+
+
+def _main(argv) -> None:
   parser = argparse.ArgumentParser(prog="python -m decode", description=__doc__.split("\n")[0],
                                    epilog=__doc__.split("\n", 1)[1],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,7 +105,7 @@ def main(argv=None) -> None:
   try:
     run_decode = load_run_config(args.workdir).decode
   except FileNotFoundError as e:
-    raise SystemExit(f"--workdir {args.workdir}: {e}") from None
+    fail(f"--workdir {args.workdir}: {e}")
   for key, fallback in (("beam_size", 4), ("alpha", 0.6), ("max_extra_len", 50), ("batch_tokens", 4096)):
     if getattr(args, key) is None:
       setattr(args, key, type(fallback)(run_decode.get(key, fallback)))
@@ -114,7 +121,7 @@ def main(argv=None) -> None:
   sources = _read_lines(args.input, "--input")
   references = _read_lines(args.reference, "--reference") if args.reference else None
   if references is not None and len(references) != len(sources):
-    raise SystemExit(f"--reference {args.reference} has {len(references)} lines but --input "
+    fail(f"--reference {args.reference} has {len(references)} lines but --input "
                      f"{args.input} has {len(sources)}; they must be line-aligned")
 
   from decode.export import load_run

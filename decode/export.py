@@ -31,6 +31,7 @@ import numpy as np
 
 from model.config import TransformerConfig
 from model.embedding import sinusoid
+from train.user_errors import USER_ERRORS, fail
 
 FORMATS = ("hf", "ctranslate2")
 MARIAN_LAYER_NORM_EPSILON = 1e-5   # nn.LayerNorm's default, which Marian's layers use
@@ -402,8 +403,8 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   try:
     out = export_run(args.workdir, args.format, args.out, args.checkpoint)
-  except UnsupportedOption as error:
-    parser.exit(2, f"error: {error}\n")
+  except (UnsupportedOption, *USER_ERRORS) as error:   # one line `error: ...`, exit status 2
+    fail(error)
   print(f"wrote {args.format} export of {args.workdir} to {out}")
 
 

@@ -19,9 +19,9 @@ nothing to overfit; a real corpus of this size is seen 4-6 times in the budget):
   token (1.9M parameters either way at d_model 128);
 - dropout 0.1 on the residual branches and label smoothing 0.1, for repeated passes over noisy text;
 - EOS at the end of every source (data.source_eos), as tensor2tensor and fairseq do;
-- 1,500 steps (the default: 1,000) with a dev loss evaluation every 100 steps and early stopping after 3
-  evaluations without improvement;
-- a checkpoint every 100 steps and the average of the last 5 (config.train.average_last): the end prints
+- 1,000 steps of 2,048 tokens, as the default (the same compute), with a dev loss evaluation every 100
+  steps (500 dev pairs) and early stopping after 3 evaluations without improvement;
+- a checkpoint every 50 steps and the average of the last 5 (config.train.average_last): the end prints
   test BLEU of both the final and the averaged parameters, and writes the average to workdir/averaged.
 """
 import ml_collections
@@ -40,9 +40,9 @@ def get_config(arg=None):
   config.data.update(source="files", src_lang="en", tgt_lang="de",
                      vocab_size=0,              # by corpus size (data.vocab.auto_vocab_size)
                      source_eos=True)
-  config.train.update(num_steps=1500, warmup_steps=200, learning_rate=2e-3, label_smoothing=0.1,
-                      eval_every=100, early_stop_evals=3, dev_sentences=1000,
-                      checkpoint_every_steps=100, keep_checkpoints=5, average_last=5)
+  config.train.update(num_steps=1000, warmup_steps=200, learning_rate=2e-3, label_smoothing=0.1,
+                      eval_every=100, early_stop_evals=3, dev_sentences=500,
+                      checkpoint_every_steps=50, keep_checkpoints=5, average_last=5)
 
   if arg == "smoke":
     smoke = default.get_config("smoke")

@@ -13,13 +13,20 @@ import pathlib
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+
+from train import user_errors
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "experiment file[:arg]", lock_config=True)
+_CONFIG = user_errors.define_config_flag(_DEFAULT)   # a misspelled --config.KEY: one line, exit 2
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: the config's workdir)")
+
+
+def _config_path() -> str:
+  """The experiment file of --config (without its :arg)."""
+  from ml_collections import config_flags
+  return config_flags.get_config_filename(flags.FLAGS["config"]).partition(":")[0]
 
 
 def main(argv):
@@ -30,13 +37,16 @@ def main(argv):
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   from train.train import NonFiniteError, train_and_evaluate
-  from train.run_dir import RunDirLocked
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or config.workdir
+  if config.data.source == "files" and os.path.samefile(_config_path(), _ROOT / "experiments" / "default.py"):
+    print("[train] hint: for your own corpus, experiments/small_corpus.py is tuned for real text "
+          "(docs/small_corpus.md); this is the default experiment, tuned for the synthetic corpus")
   try:
-    outcome = train_and_evaluate(config, workdir)
-  except (NonFiniteError, RunDirLocked) as error:
+    with user_errors.reported():
+      outcome = train_and_evaluate(config, workdir)
+  except NonFiniteError as error:
     print(f"[train] error: {error}", file=sys.stderr)
     sys.exit(1)
   if outcome.interrupted:

@@ -26,6 +26,7 @@ from train import checkpoint as ckpt
 from train import config_io, metrics_io, run_dir, schedules
 from train import step as step_lib
 from train.optimizer import make_optimizer
+from train.user_errors import UserError
 
 # Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
@@ -83,7 +84,7 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
   changes = config_io.diff_configs(old, config.to_dict())
   fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
   if fatal and has_checkpoints:
-    raise ValueError(f"{path}: this run directory was trained with different settings "
+    raise UserError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
   if changes:
     print(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
@@ -129,7 +130,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
   if average_last > int(tc.keep_checkpoints):
-    raise ValueError(f"config.train.average_last={average_last} averages more checkpoints than "
+    raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
   _check_config(config, workdir, bool(manager.all_steps()))
@@ -172,7 +173,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   if meta is not None:
     early.update(meta.get("early_stop", {}))
     if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
-      raise ValueError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
+      raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
                        f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
     state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                                 opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
@@ -190,7 +191,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
           a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
                                              jax.tree_util.tree_leaves(state.params))):
-        raise ValueError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
+        raise UserError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
                          f"match config.model (different architecture or vocabulary size)")
       state = state.replace(params=jax.device_put(init_params, shardings.params))
       print(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
