@@ -8,9 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from data import get_vocab, make_train_iterator
-from train import checkpoint as ckpt
-from train import config_io, metrics_io
+import experiments
+from data import make_train_iterator
+from run import checkpoint as ckpt
+from run import get_vocab
+from run import metrics as metrics_io
 from train.average import average_params
 from train.train import train_and_evaluate
 
@@ -21,7 +23,7 @@ QUIET = {"train.bleu_every": 0, "train.progress": False, "train.tensorboard": Fa
 
 
 def smoke_config(**overrides):
-  return config_io.apply_overrides(config_io.load_experiment(SMOKE), {**QUIET, **overrides})
+  return experiments.apply_overrides(experiments.load_experiment(SMOKE), {**QUIET, **overrides})
 
 
 def test_average_last_writes_the_average_and_scores_both(tmp_path):

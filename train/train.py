@@ -22,11 +22,17 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from train import checkpoint as ckpt
-from train import config_io, metrics_io, run_dir, schedules
+from data import load_pairs, make_eval_batches, make_train_iterator, source_eos
+from decode.bleu import sacrebleu_score
+from decode.translate import translate
+from run import checkpoint as ckpt
+from run import checkpoint_arg, get_vocab
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run.user_errors import UserError
+from train import schedules
+from train.average import average_checkpoints
 from train import step as step_lib
 from train.optimizer import make_optimizer
-from train.user_errors import UserError
 
 # Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
@@ -82,7 +88,8 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
     return
   old = json.loads(path.read_text())
   changes = config_io.diff_configs(old, config.to_dict())
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
+           and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
   if fatal and has_checkpoints:
     raise UserError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
@@ -99,8 +106,6 @@ def _evaluate(eval_fn, params, batches, mesh) -> dict:
 
 def _bleu(model, params, vocab, pairs, decode_config, source_eos):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
-  from decode.bleu import sacrebleu_score
-  from decode.translate import translate
   host_params = jax.device_put(params, jax.local_devices()[0])
   hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
                    alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
@@ -122,7 +127,6 @@ def train_and_evaluate(config, workdir) -> Outcome:
 
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
-  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator, source_eos
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
@@ -186,7 +190,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
       run, _, which = tc.init_checkpoint.partition(":")
-      which = None if not which else which if which == "averaged" else int(which)
+      which = checkpoint_arg(which)
       init_params, init_step = ckpt.load_params(run, which)
       if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
           a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
@@ -333,7 +337,6 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
   if average_last:
     # The paper's reported models: the element-wise mean of the last average_last checkpoints.
-    from train.average import average_checkpoints
     _, outcome.averaged_steps = average_checkpoints(workdir, average_last)
     writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps))})
     if tc.test_bleu:
