@@ -30,6 +30,13 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+def _child_env(extra: dict) -> dict:
+  """The environment of a child process: ours, plus `extra`, with this checkout first on the path."""
+  env = dict(os.environ, **extra)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+  return env
+
+
 class WorkerError(RuntimeError):
   """A worker failed, hung or exited; its message is the reason recorded in the results."""
 
@@ -45,8 +52,7 @@ class Worker:
   def start(self, log_dir, timeout: float) -> None:
     """Starts the process and waits until it is set up (loaded, compiled, warmed once)."""
     self.log = pathlib.Path(log_dir) / f"{self.name}.log"
-    env = dict(os.environ, **self.env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = _child_env(self.env)
     with open(self.log, "w") as log:
       self.process = subprocess.Popen([sys.executable, "-m", self.module, json.dumps(self.spec)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -111,7 +117,7 @@ class Worker:
 def prepare(spec: dict, log_dir) -> None:
   """Writes the shared files (benchmarks/prepare.py) in a process of its own, which exits before timing."""
   log = pathlib.Path(log_dir) / "prepare.log"
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+  env = _child_env({})
   with open(log, "w") as out:
     code = subprocess.run([sys.executable, "-m", "benchmarks.prepare", json.dumps(spec)], stdout=out,
                           stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode

@@ -129,9 +129,11 @@ def render_run(r: dict) -> str:
 def render_input_pipeline(r: dict) -> str:
   body = [[s["stage"], f"{s['seconds']:.2f}", f"{s['items']:,}",
            "" if s["target_tokens_per_s"] is None else _num(s["target_tokens_per_s"])] for s in r["stages"]]
-  date = f": {r['date']}" if r.get("date") else ""
+  date = f": {r['date']}" if r.get("date") else " (undated)"
+  machine = r.get("machine")
   return "\n".join([f"## Input pipeline ({r['config']}){date}", "",
-                    "`python -m benchmarks.input_pipeline`: each stage of the data pipeline, timed once.", "",
+                    "`python -m benchmarks.input_pipeline`: each stage of the data pipeline, timed once"
+                    + (f" on {machine['cpu']}, {machine['cores']} cores." if machine else "."), "",
                     _table(["stage", "seconds", "items", "target tokens/s"], body), ""])
 
 

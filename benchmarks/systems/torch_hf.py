@@ -49,7 +49,16 @@ def train(spec: dict):
     loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1)) / (tgt_out != files.PAD).sum()
     loss.backward()
     opt.step()
-  return run, {"first_run_s": worker.first_run(run)}       # with compile: the compile time
+  return run, _first_run(run)
+
+
+def _first_run(run) -> dict:
+  """Runs once (with compile: compiles); records how many graphs TorchDynamo captured, if any."""
+  info = {"first_run_s": worker.first_run(run)}
+  graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+  if graphs:
+    info["dynamo_graphs"] = int(graphs)
+  return info
 
 
 def search(spec: dict, beam_size: int):
@@ -72,7 +81,7 @@ def search(spec: dict, beam_size: int):
       out = model.generate(**options)
     if out.shape[1] != n + 1:                          # decoder start + n tokens
       raise RuntimeError(f"generate returned {out.shape[1]} positions, expected {n + 1}")
-  return run, {"first_run_s": worker.first_run(run)}
+  return run, _first_run(run)
 
 
 def setup(spec: dict):
