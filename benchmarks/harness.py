@@ -66,7 +66,8 @@ class Worker:
       ready = message["ready"]
       self.status, self.pid, self.info, self.tasks = "ready", ready["pid"], ready["info"], ready["tasks"]
     else:
-      self._fail(message.get("failed") or message.get("absent"), "absent" if "absent" in message else "failed")
+      absent = "absent" in message
+      self._fail(message["absent"] if absent else message.get("failed"), "absent" if absent else "failed")
 
   def run(self, task: str, timeout: float) -> float:
     """Runs `task` once; returns its seconds as the worker measured them."""

@@ -46,7 +46,7 @@ def packed_batch(rng, max_len: int, batch_tokens: int, vocab: int) -> dict:
   return next(iterator)
 
 
-def exported(name: str, write) -> str:
+def exported(write) -> str:
   """Runs one export; returns 'ok' or why it could not be written (a peer that is not installed)."""
   try:
     write()
@@ -81,9 +81,9 @@ def main(argv=None) -> None:
   status = {}
   if "marian" in spec["exports"]:
     status["marian"] = exported(
-        "marian", lambda: export.to_marian(params, cfg, vocab).save_pretrained(out / files.MARIAN))
+        lambda: export.to_marian(params, cfg, vocab).save_pretrained(out / files.MARIAN))
   if "ct2" in spec["exports"]:
-    status["ct2"] = exported("ct2", lambda: export.save_ctranslate2(
+    status["ct2"] = exported(lambda: export.save_ctranslate2(
         export.ctranslate2_spec(params, cfg, vocab, files.pieces(cfg.vocab_size)), out / files.CT2))
   (out / files.PREPARED).write_text(json.dumps(status, indent=2) + "\n")
 

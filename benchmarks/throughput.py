@@ -227,8 +227,9 @@ def main(argv=None):
       times, workers = run_part(systems, lambda name: ["train"], base, args, shared)
       not_run = {n: "packed batches: MarianMTModel has no attention within packed rows"
                  for n, _, _ in TRAIN_SYSTEMS if packed and not n.startswith("ours")}
+      shape = batch["src"].shape
       result["train"] = {
-          "batch": f"{batch['src'].shape[0]} rows x {batch['src'].shape[1]} ({'packed' if packed else 'one pair a row'})",
+          "batch": f"{shape[0]} rows x {shape[1]} ({'packed' if packed else 'one pair a row'})",
           "target_tokens": tokens, "model_flops": flops,
           "systems": rows(times.get("train", {}), workers, [n for n, _, _ in TRAIN_SYSTEMS], lambda s: {
               "tokens_per_s": tokens / s, "gflops": flops / s / 1e9}, not_run),
