@@ -70,8 +70,11 @@ def render_run(r: dict) -> str:
   if r.get("note"):
     out += [f"> {r['note']}", ""]
   model = r["model"]
+  load = r.get("load_average", {})
   out += [f"- Machine: {m['cpu']}, {m['cores']} cores, avx512_bf16 {'yes' if m.get('avx512_bf16') else 'no'}"
-          f", amx_bf16 {'yes' if m.get('amx_bf16') else 'no'}.",
+          f", amx_bf16 {'yes' if m.get('amx_bf16') else 'no'}"
+          + (f"; 1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
+             if "end" in load else "") + ".",
           "- Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
           f"- Model: d_model {model['d_model']}, d_ff {model['d_ff']}, {model['num_heads']} heads, "
           f"{model['num_encoder_layers']}+{model['num_decoder_layers']} layers, vocabulary "
@@ -81,12 +84,7 @@ def render_run(r: dict) -> str:
           f"{a['warmup']} warm-up runs, {a['pause']} s idle before each run; the spread is the "
           "slowest-fastest run; a ratio is ours over the peer's speed, of the medians (in brackets: "
           "the lowest and highest ratio within one round).",
-          f"- Command: `python -m benchmarks.throughput "
-          + (f"--preset {r['preset']} " if r.get("preset") else "")
-          + " ".join(f"--{k} {a[k]}" for k in ("d_model", "num_layers", "batch", "src_len", "tgt_len",
-                                               "decode_batch", "decode_len", "repeats")
-                     if not r.get("preset") or k.startswith(("decode", "repeats")))
-          + "`", ""]
+          f"- Command: `{r['command']}`", ""]
   peak = r.get("peak", {})
   if peak:
     body = [[dtype, *(_rate_cells(row, row["info"]["peak"]["flops"] / 1e9) if "median_s" in row else

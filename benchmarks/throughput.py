@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import pathlib
+import shlex
 import sys
 import tempfile
 
@@ -191,9 +192,12 @@ def main(argv=None):
   args = parse_args(argv)
   skip = set(filter(None, args.skip.split(",")))
   packed = args.preset == "default"
-  result = {"benchmark": "throughput", "date": harness.now(), "note": args.note, "preset": args.preset,
+  command = shlex.join(["python", "-m", "benchmarks.throughput"] + list(sys.argv[1:] if argv is None else argv))
+  result = {"benchmark": "throughput", "date": harness.now(), "command": command, "note": args.note,
+            "preset": args.preset,
             "machine": harness.machine(), "versions": harness.versions(), "args": vars(args),
-            "model": model_fields(args), "harness_pid": os.getpid()}
+            "model": model_fields(args), "harness_pid": os.getpid(),
+            "load_average": {"start": os.getloadavg()[0]}}
   with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as shared:
     base = {"dir": shared, "model": result["model"], "threads": args.threads,
             "train": {"label_smoothing": 0.1},
@@ -247,6 +251,7 @@ def main(argv=None):
             "systems": rows(times.get(task, {}), workers, names, lambda s: {"tokens_per_s": tokens / s}),
             "ratios": ratios(times.get(task, {}), DECODE_PAIRS)}
 
+  result["load_average"]["end"] = os.getloadavg()[0]
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=2) + "\n")
