@@ -4,8 +4,8 @@ Standard library and numpy only, so that every worker can import it without impo
 benchmarks/prepare.py writes them into one directory:
 
     params.msgpack     our parameters (flax.serialization), from our random init
-    marian/            the same weights as a transformers MarianMTModel (decode/export.py), if installed
-    ct2/               the same weights as a CTranslate2 float32 model (decode/export.py), if installed
+    marian/            the same weights as a transformers MarianMTModel (export/), if installed
+    ct2/               the same weights as a CTranslate2 float32 model (export/), if installed
     train_batch.npz    one training batch in the data/ batch contract (int32 [rows, len] arrays)
     decode_src.npy     int32 [decode_batch, src_len] source ids, no padding
     prepared.json      which of the exports were written, and why not

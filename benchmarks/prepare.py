@@ -19,6 +19,8 @@ import numpy as np
 
 from benchmarks import files
 from data.batching import BatchIterator
+from export import ctranslate2 as ct2_export
+from export import hf as hf_export
 from model import Transformer, TransformerConfig
 
 
@@ -75,16 +77,15 @@ def main(argv=None) -> None:
                           ["params"])
   (out / files.PARAMS).write_bytes(flax.serialization.msgpack_serialize(params))
 
-  from decode import export
   vocab = types.SimpleNamespace(pad_id=files.PAD, unk_id=files.UNK, bos_id=files.BOS, eos_id=files.EOS,
                                 size=cfg.vocab_size)
   status = {}
   if "marian" in spec["exports"]:
     status["marian"] = exported(
-        lambda: export.to_marian(params, cfg, vocab).save_pretrained(out / files.MARIAN))
+        lambda: hf_export.to_marian(params, cfg, vocab).save_pretrained(out / files.MARIAN))
   if "ct2" in spec["exports"]:
-    status["ct2"] = exported(lambda: export.save_ctranslate2(
-        export.ctranslate2_spec(params, cfg, vocab, files.pieces(cfg.vocab_size)), out / files.CT2))
+    status["ct2"] = exported(lambda: ct2_export.save_ctranslate2(
+        ct2_export.ctranslate2_spec(params, cfg, vocab, files.pieces(cfg.vocab_size)), out / files.CT2))
   (out / files.PREPARED).write_text(json.dumps(status, indent=2) + "\n")
 
 

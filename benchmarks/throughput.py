@@ -6,7 +6,7 @@
 
 Every system runs in a fresh process of its own that imports only that system (benchmarks/systems/),
 and all of them read one set of weights and inputs from files written once (benchmarks/prepare.py: our
-random init, exported to the peers by decode/export.py). The parts run one after another, each with
+random init, exported to the peers by export/). The parts run one after another, each with
 fresh processes: the float32 and bfloat16 matmul peaks, training, decoding. Within a part the systems
 take turns round-robin, one timed run each per round (benchmarks/harness.py), so every ratio comes from
 runs of the same rounds. Medians over --repeats rounds (after --warmup untimed runs), with min/max and
@@ -58,6 +58,7 @@ def parse_args(argv=None):
   p.add_argument("--beam_size", type=int, default=4)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="our compute dtype (parameters stay float32); peers run float32")
+  p.add_argument("--kernels", default=None, help="our model.config kernels switch (default: the config's)")
   p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                  help="PyTorch and CTranslate2 intra-op threads (XLA uses every core)")
   p.add_argument("--warmup", type=int, default=2)
@@ -80,7 +81,8 @@ def parse_args(argv=None):
 
 def model_fields(args) -> dict:
   """TransformerConfig fields of the benchmarked model (as JSON)."""
-  return dict(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, num_heads=args.num_heads,
+  kernels = {"kernels": args.kernels} if args.kernels else {}
+  return dict(**kernels, vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, num_heads=args.num_heads,
               num_encoder_layers=args.num_layers, num_decoder_layers=args.num_layers,
               dropout_rate=args.dropout, max_len=max(256, args.src_len, args.tgt_len, args.decode_len + 1),
               dtype=args.dtype)

@@ -22,8 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from train import checkpoint as ckpt
-from train import config_io, metrics_io, run_dir, schedules
+from data import load_pairs, make_eval_batches, make_train_iterator
+from decode.bleu import sacrebleu_score
+from decode.translate import translate
+from run import checkpoint as ckpt
+from run import checkpoint_arg, get_vocab
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from train import schedules
 from train import step as step_lib
 from train.optimizer import make_optimizer
 
@@ -78,7 +83,8 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
     return
   old = json.loads(path.read_text())
   changes = config_io.diff_configs(old, config.to_dict())
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
+           and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
   if fatal and has_checkpoints:
     raise ValueError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
@@ -95,8 +101,6 @@ def _evaluate(eval_fn, params, batches, mesh) -> dict:
 
 def _bleu(model, params, vocab, pairs, decode_config):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
-  from decode.bleu import sacrebleu_score
-  from decode.translate import translate
   host_params = jax.device_put(params, jax.local_devices()[0])
   hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
                    alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
@@ -118,7 +122,6 @@ def train_and_evaluate(config, workdir) -> Outcome:
 
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
-  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
       run, _, which = tc.init_checkpoint.partition(":")
-      which = None if not which else which if which == "averaged" else int(which)
+      which = checkpoint_arg(which)
       init_params, init_step = ckpt.load_params(run, which)
       if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
           a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),

@@ -4,7 +4,7 @@
 
 spec: dir (benchmarks/files.py), tasks (greedy, beam), threads (intra_threads), compute_type
 ("float32", or "int8_float32": weights quantized to int8 when loaded, the rest in float32), decode (len,
-beam_size, alpha). The model is our random init exported by decode/export.py (prepare.py).
+beam_size, alpha). The model is our random init exported by export/ (prepare.py).
 """
 from __future__ import annotations
 

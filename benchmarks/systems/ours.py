@@ -77,7 +77,7 @@ def search(spec: dict, cfg: TransformerConfig, params, beam_size: int):
   params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   key = jax.random.key(0)
   sampling = (("temperature", 0.0),) if beam_size == 1 else ()
-  fn = translate._search_fn(cfg, beam_size, d["alpha"], n, n, sampling, mesh)
+  fn = translate.search_fn(cfg, beam_size, d["alpha"], n, n, sampling, mesh)
   start = time.perf_counter()
   compiled = fn.lower(params, src, limits, key).compile()
   compile_s = time.perf_counter() - start

@@ -6,7 +6,7 @@ spec: dir (benchmarks/files.py), tasks (a subset of train, greedy, beam), thread
 threads), autocast (the forward pass under torch.autocast("cpu", torch.bfloat16): PyTorch's mixed
 precision), compile (torch.compile: the model for training; for greedy decoding, `generate` with a static
 cache, which is how transformers compiles its decoding step), train (label_smoothing), decode (len,
-beam_size, alpha). The weights are ours, exported by decode/export.py (prepare.py).
+beam_size, alpha). The weights are ours, exported by export/ (prepare.py).
 """
 from __future__ import annotations
 
