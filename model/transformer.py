@@ -40,7 +40,7 @@ class Encoder(nn.Module):
     cfg = self.cfg
     self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
                           self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
-                          as_dtype(cfg.param_dtype))
+                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
@@ -62,7 +62,7 @@ class Decoder(nn.Module):
     cfg = self.cfg
     self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
                           self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
-                          as_dtype(cfg.param_dtype))
+                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)

@@ -1,4 +1,4 @@
-"""Dependencies point one way: data <- model <- run <- decode <- train, export <- experiments <- the
+"""Dependencies point one way: data, kernels <- model <- run <- decode <- train, export <- experiments <- the
 command lines that load experiments (python -m train, train.sweep, benchmarks); see docs/runs.md.
 Reads every module's imports (also those inside functions) with ast.
 """
@@ -11,9 +11,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Rank of each top-level package (or module): a module may import its own package and lower ranks only.
 # train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS; the command
 # lines that load experiments (python -m train, python -m train.sweep, benchmarks) sit on top.
-RANK = {"data": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
+RANK = {"data": 0, "kernels": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
         "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6}
-PACKAGES = {"data", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
+PACKAGES = {"data", "kernels", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
 
 
 def _layer(module: str) -> str:
