@@ -18,6 +18,7 @@ import tempfile
 import time
 
 import experiments
+from benchmarks import harness
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
 
@@ -73,7 +74,8 @@ def main(argv=None) -> None:
     print(f"{name:<40} {seconds:9.2f} {items:9d} {'' if rate is None else f'{rate:14,.0f}':>14}")
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"config": args.config, "overrides": overrides, "stages": [
+  out.write_text(json.dumps({"date": harness.now(), "machine": harness.machine(), "config": args.config,
+                            "overrides": overrides, "stages": [
       dict(stage=n, seconds=s, items=i, target_tokens_per_s=r) for n, s, i, r in rows]}, indent=2) + "\n")
   print(f"wrote {out}")
 

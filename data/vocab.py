@@ -92,3 +92,10 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
       input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
       minloglevel=2)
   return writer.getvalue()
+
+
+def auto_vocab_size(num_pairs: int) -> int:
+  """config.data.vocab_size=0: pieces by corpus size, 16 * sqrt(pairs) rounded to 500, in [1000, 32000]
+  (28k pairs: 2,500; 75k: 4,500; 1M: 16,000). Small corpora see each piece of a large vocabulary too
+  rarely to learn it, and a smaller output layer also leaves compute for depth on a CPU."""
+  return int(min(32_000, max(1_000, round(16 * num_pairs ** 0.5 / 500) * 500)))

@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 from decode import DEFAULTS
+from run.user_errors import fail, reported
 
 
 def _read_lines(path: str, what: str) -> list[str]:
@@ -23,12 +24,12 @@ def _read_lines(path: str, what: str) -> list[str]:
     return [line.rstrip("\r\n") for line in sys.stdin]
   file = pathlib.Path(path)
   if not file.is_file():
-    raise SystemExit(f"{what} {path!r} does not exist")
+    fail(f"{what} {path!r} does not exist")
   try:
     return file.read_text(encoding="utf-8").splitlines()
   except UnicodeDecodeError as e:
     line = file.read_bytes()[:e.start].count(b"\n") + 1
-    raise SystemExit(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
+    fail(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8")
 
 
 def _write_output(path: str, text: str) -> None:
@@ -50,6 +51,11 @@ def use_cpu_devices(count: int) -> None:
 
 
 def main(argv=None) -> None:
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    _main(argv)
+
+
+def _main(argv) -> None:
   parser = argparse.ArgumentParser(prog="python -m decode", description=__doc__.split("\n")[0],
                                    epilog=__doc__.split("\n", 1)[1],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,7 +101,7 @@ def main(argv=None) -> None:
   try:
     run_decode = run.load_run_config(args.workdir).decode
   except FileNotFoundError as e:
-    raise SystemExit(f"--workdir {args.workdir}: {e}") from None
+    fail(f"--workdir {args.workdir}: {e}")
   for key, fallback in DEFAULTS.items():
     if getattr(args, key) is None:
       setattr(args, key, type(fallback)(run_decode.get(key, fallback)))
@@ -111,7 +117,7 @@ def main(argv=None) -> None:
   sources = _read_lines(args.input, "--input")
   references = _read_lines(args.reference, "--reference") if args.reference else None
   if references is not None and len(references) != len(sources):
-    raise SystemExit(f"--reference {args.reference} has {len(references)} lines but --input "
+    fail(f"--reference {args.reference} has {len(references)} lines but --input "
                      f"{args.input} has {len(sources)}; they must be line-aligned")
 
   opened = run.load_run(args.workdir, args.checkpoint)
@@ -123,7 +129,8 @@ def main(argv=None) -> None:
   print(f"[decode] {len(sources)} sentences with {where}, {how}", file=sys.stderr)
   out = translate(opened.model, opened.params, opened.vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
                   max_extra_len=args.max_extra_len, batch_tokens=batch_tokens, nbest=args.nbest,
-                  min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True)
+                  min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True,
+                  source_eos=bool(opened.config.data.get("source_eos", False)))
   if args.nbest == 1:
     hyps, text = out, "".join(h + "\n" for h in out)
   else:

@@ -102,7 +102,8 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
 
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
               alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
-              batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
+              batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False,
+              mesh=None, source_eos=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -112,6 +113,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
+  source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
   mesh: the devices that share each batch (default: `device_mesh()`, all of this process's devices; on a
   CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
@@ -138,6 +140,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     warnings.warn(f"translate: {len(too_long)} sources are longer than the model's max_len={limit} "
                   f"tokens and are truncated (first: input line {too_long[0] + 1})", stacklevel=2)
     ids = [s[:limit] for s in ids]
+  if source_eos:   # after the truncation, so that the source the model sees always ends with EOS
+    ids = [s[:limit - 1] + [vocab.eos_id] if s else s for s in ids]
 
   results: list = [None] * len(sentences)
   buckets: dict[int, list[int]] = {}

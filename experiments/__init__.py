@@ -9,6 +9,7 @@ experiments through this module.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import pathlib
 
@@ -65,8 +66,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
         raise KeyError(f"config override {dotted!r}: no section {name!r}; known: {sorted(node.keys())}")
       node = node[name]
     if leaf not in node:
-      raise KeyError(f"config override {dotted!r}: no key {leaf!r} in "
-                     f"{'.'.join(parents) or 'config'}; known: {sorted(node.keys())}")
+      close = difflib.get_close_matches(leaf, list(node.keys()), n=1)
+      known = f"did you mean {close[0]!r}?" if close else f"known: {sorted(node.keys())}"
+      raise KeyError(f"config override {dotted!r}: no key {leaf!r} in {'.'.join(parents) or 'config'}; "
+                     f"{known}")
     old = node[leaf]
     if isinstance(value, str):
       value = _parse_value(value, old)

@@ -8,6 +8,7 @@ import argparse
 
 import run
 from export import FORMATS, UnsupportedOption, export_run
+from run.user_errors import USER_ERRORS, fail
 
 
 def main(argv=None) -> None:
@@ -20,8 +21,8 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   try:
     out = export_run(args.workdir, args.format, args.out, args.checkpoint)
-  except UnsupportedOption as error:
-    parser.exit(2, f"error: {error}\n")
+  except (UnsupportedOption, *USER_ERRORS) as error:   # one line `error: ...`, exit status 2
+    fail(error)
   print(f"wrote {args.format} export of {args.workdir} to {out}")
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from data.sources import load_pairs
-from data.vocab import VOCAB_FILE, Vocab, check_vocab, train_vocab
+from data.vocab import VOCAB_FILE, Vocab, auto_vocab_size, check_vocab, train_vocab
 from model import Transformer, TransformerConfig
 from run import checkpoint as ckpt
 from run.config import load_run_config
@@ -98,7 +98,8 @@ def get_vocab(data_config, workdir) -> Vocab:
     return Vocab.load(path)
   pairs = load_pairs(data_config, "train")
   texts = [side for pair in pairs for side in pair]
-  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
+  size = int(data_config.vocab_size) or auto_vocab_size(len(pairs))   # 0: by corpus size
+  model = train_vocab(texts, size, seed=int(data_config.get("vocab_seed", 0)),
                       sample_sentences=int(data_config.vocab_sample_sentences),
                       model_type=data_config.get("vocab_model_type", "bpe"))
   write_atomically(path, model)

@@ -118,6 +118,8 @@ def test_the_paper_settings():
     assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
     assert (base.train.num_steps, big.train.num_steps) == (100_000, 300_000)
     assert (base.train.keep_checkpoints, big.train.keep_checkpoints) == (5, 20)
+    assert (base.train.average_last, big.train.average_last) == (5, 20)   # the paper's reported models
+    assert base.data.source_eos and big.data.source_eos and not base.data.pack
   assert ende["big"].model.dropout_rate == 0.3 and enfr["big"].model.dropout_rate == 0.1
 
 

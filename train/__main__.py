@@ -23,7 +23,7 @@ import jax
 from absl import logging   # Orbax logs through absl
 
 import experiments
-from run.workdir import RunDirLocked
+from run import user_errors
 from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,9 +50,14 @@ def main(argv=None) -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
   workdir = args.workdir or config.workdir
+  experiment = pathlib.Path(args.config.partition(":")[0])
+  if config.data.source == "files" and experiment.resolve() == (_ROOT / "experiments" / "default.py"):
+    print("[train] hint: for your own corpus, experiments/small_corpus.py is tuned for real text "
+          "(docs/small_corpus.md); this is the default experiment, tuned for the synthetic corpus")
   try:
-    outcome = train_and_evaluate(config, workdir)
-  except (NonFiniteError, RunDirLocked) as error:
+    with user_errors.reported():   # one line `error: ...`, exit status 2
+      outcome = train_and_evaluate(config, workdir)
+  except NonFiniteError as error:
     print(f"[train] error: {error}", file=sys.stderr)
     sys.exit(1)
   if outcome.interrupted:
@@ -63,6 +68,9 @@ def main(argv=None) -> None:
           f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
   if outcome.test_bleu is not None:
     print(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
+    if outcome.test_bleu_averaged is not None:
+      print(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
+            f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")
     for src, ref, hyp in outcome.samples or []:
       print(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
   print(f"run directory: {outcome.workdir}")

@@ -218,7 +218,8 @@ def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, labe
   nll = aux["nll"] / tokens
   metrics = {"loss": loss, "nll": nll, "ppl": jnp.exp(nll), "accuracy": aux["correct"] / tokens,
              "learning_rate": schedule(state.step), "grad_norm": grad_norm,
-             "param_norm": optax.tree.norm(new_state.params), "tokens": aux["tokens"]}
+             "param_norm": optax.tree.norm(new_state.params), "tokens": aux["tokens"],
+             "src_tokens": jnp.sum(batch["src_segments"] > 0).astype(jnp.float32)}   # real, not padding
   return new_state, metrics
 
 

@@ -35,6 +35,7 @@ from run import config as config_io
 from run import metrics as metrics_io
 from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
+from run.user_errors import UserError, reported
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
 STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
@@ -65,33 +66,33 @@ def declared_trials(config_spec: str, shared=()) -> tuple[list[Trial], dict]:
   path, _, arg = config_spec.partition(":")
   module = experiments.load_module(path)
   if not hasattr(module, "sweep"):
-    raise ValueError(f"{path} has no sweep(add) function; add one that calls add(name=..., **overrides) "
+    raise UserError(f"{path} has no sweep(add) function; add one that calls add(name=..., **overrides) "
                      f"per trial (see experiments/table3.py)")
   trials = []
 
   def add(name=None, **overrides):
     name = name or _default_name(overrides)
     if not _NAME.match(name):
-      raise ValueError(f"{path}: trial name {name!r} must be letters, digits and _ . + = - (it names a "
+      raise UserError(f"{path}: trial name {name!r} must be letters, digits and _ . + = - (it names a "
                        f"directory)")
     if any(t.name == name for t in trials):
-      raise ValueError(f"{path}: two trials are named {name!r}; give each add() a unique name=")
+      raise UserError(f"{path}: two trials are named {name!r}; give each add() a unique name=")
     trials.append(Trial(name, dict(overrides)))
 
   takes_arg = len(inspect.signature(module.sweep).parameters) >= 2
   module.sweep(add, arg or None) if takes_arg else module.sweep(add)
   if not trials:
-    raise ValueError(f"{path}: sweep() declared no trials")
+    raise UserError(f"{path}: sweep() declared no trials")
   for trial in trials:
     config = experiments.load_experiment(config_spec)
     try:
       experiments.apply_overrides(config, list(shared))
       experiments.apply_overrides(config, trial.overrides)
     except (KeyError, TypeError, ValueError) as error:
-      raise ValueError(f"{path}: trial {trial.name!r}: {error}") from error
+      raise UserError(f"{path}: trial {trial.name!r}: {error}") from error
     for key, value in trial.overrides.items():
       if value is None:
-        raise ValueError(f"{path}: trial {trial.name!r} sets {key}=None, which the command line cannot "
+        raise UserError(f"{path}: trial {trial.name!r} sets {key}=None, which the command line cannot "
                          f"express; leave the key out to keep the experiment's default")
   return trials, dict(getattr(module, "PAPER", {}) or {})
 
@@ -160,7 +161,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   if only:
     unknown = sorted(set(only) - {t.name for t in trials})
     if unknown:
-      raise ValueError(f"--only: no trials named {unknown}; the sweep has {[t.name for t in trials]}")
+      raise UserError(f"--only: no trials named {unknown}; the sweep has {[t.name for t in trials]}")
     trials = [t for t in trials if t.name in only]
   workdir.mkdir(parents=True, exist_ok=True)
   say = lambda text: print(f"[sweep] {text}", file=out, flush=True)
@@ -284,7 +285,8 @@ def main(argv=None) -> int:
   if args.parallel < 1:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")
   only = [name for name in args.only.split(",") if name]
-  statuses = run_sweep(args.config, args.workdir, parallel=args.parallel, shared=rest, only=only or None)
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    statuses = run_sweep(args.config, args.workdir, parallel=args.parallel, shared=rest, only=only or None)
   return 0 if all(s == "done" for s in statuses.values()) else 1
 
 
