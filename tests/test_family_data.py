@@ -89,3 +89,15 @@ def test_greedy_prompt_sampling_is_the_beam_of_one():
   greedy, _ = prompt_sample(model, params, prompt, jax.random.key(0), max_len=4, temperature=0.0)
   beam, _ = prompt_search(model, params, prompt, beam_size=1, max_len=4, alpha=0.0)
   np.testing.assert_array_equal(greedy, beam[:, 0])
+
+
+def test_export_refuses_the_family_switches_by_name():
+  import pytest
+  from decode.export import UnsupportedOption, check_exportable
+  base = dict(vocab_size=40, d_model=16, d_ff=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1)
+  check_exportable(TransformerConfig(**base, num_kv_heads=4), "hf")     # MHA spelled out is fine
+  for switch, name in [(dict(arch="decoder_only"), "arch"), (dict(positions="rope"), "positions"),
+                       (dict(num_kv_heads=2), "num_kv_heads"), (dict(activation="swiglu"), "activation"),
+                       (dict(norm="rmsnorm"), "norm"), (dict(positions="learned"), "positions")]:
+    with pytest.raises(UnsupportedOption, match=name):
+      check_exportable(TransformerConfig(**base, **switch), "hf")
