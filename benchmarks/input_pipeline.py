@@ -17,7 +17,8 @@ import pathlib
 import tempfile
 import time
 
-from train import config_io
+import experiments
+from benchmarks import harness
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
 
@@ -34,9 +35,10 @@ def main(argv=None) -> None:
   parser.add_argument("--batches", type=int, default=500, help="batches assembled per mode")
   parser.add_argument("--out", default=str(OUT))
   args, overrides = parser.parse_known_args(argv)
-  config = config_io.load_experiment(args.config)
-  config_io.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
-  from data import get_vocab, load_pairs
+  config = experiments.load_experiment(args.config)
+  experiments.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
+  from data import load_pairs
+  from run import get_vocab
   from data.batching import BatchIterator, tokenize
 
   dc = config.data
@@ -72,7 +74,8 @@ def main(argv=None) -> None:
     print(f"{name:<40} {seconds:9.2f} {items:9d} {'' if rate is None else f'{rate:14,.0f}':>14}")
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"config": args.config, "overrides": overrides, "stages": [
+  out.write_text(json.dumps({"date": harness.now(), "machine": harness.machine(), "config": args.config,
+                            "overrides": overrides, "stages": [
       dict(stage=n, seconds=s, items=i, target_tokens_per_s=r) for n, s, i, r in rows]}, indent=2) + "\n")
   print(f"wrote {out}")
 

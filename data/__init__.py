@@ -1,18 +1,24 @@
 """Text -> token batches: the embedded corpus, TFDS corpora and your own files, one shared vocabulary.
 
-    vocab = get_vocab(config.data, workdir)
+    vocab = run.get_vocab(config.data, workdir)   # the run directory's vocab.model (run/)
     train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)
     dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
 """
-from data.batching import BatchIterator, assemble, bucket_lengths, plan_buckets, rows_for, tokenize
+from data.batching import BatchIterator, assemble, bucket_lengths, bucket_rows, plan_buckets, tokenize
 from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
-from data.vocab import Vocab, check_vocab, get_vocab
+from data.vocab import BOS, EOS, PAD, UNK, Vocab, check_vocab
+
+
+def source_eos(data_config) -> bool:
+  """config.data.source_eos: whether sources end with EOS (False for runs saved before it existed)."""
+  return bool(data_config.get("source_eos", False))
 
 
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):
   """The infinite, resumable training iterator (see data.batching.BatchIterator)."""
   pairs, origins = load_pairs_with_origins(data_config, "train")
-  src_ids, tgt_ids, _ = tokenize(vocab, pairs, origins, int(data_config.max_len), "config.data train")
+  src_ids, tgt_ids, _ = tokenize(vocab, pairs, origins, int(data_config.max_len), "config.data train",
+                                 source_eos=source_eos(data_config))
   return BatchIterator(src_ids, tgt_ids, max_len=int(data_config.max_len),
                        batch_tokens=int(data_config.batch_tokens), row_multiple=row_multiple, seed=seed,
                        pack=bool(data_config.pack), process_index=process_index,
@@ -21,19 +27,19 @@ def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index
 
 def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=0, process_count=1):
   """Every pair exactly once, in length buckets, no shuffling and no length filter. A list of batches."""
-  src_ids, tgt_ids, _ = tokenize(vocab, pairs, what="eval")
+  src_ids, tgt_ids, _ = tokenize(vocab, pairs, what="eval", source_eos=source_eos(data_config))
   longest = max(max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids))
   max_len = max(int(data_config.max_len), -(-longest // 8) * 8)
   multiple = row_multiple * process_count
   out = []
   for length, members in plan_buckets(src_ids, tgt_ids, max_len, int(data_config.batch_tokens), multiple,
                                       rng=None):
-    rows = rows_for(length, int(data_config.batch_tokens), multiple)   # fixed shapes: bounded compiles
+    rows = bucket_rows(length, max_len, int(data_config.batch_tokens), multiple)   # fixed shapes: bounded compiles
     batch = assemble(src_ids, tgt_ids, length, members, rows, packed=False)
     local = rows // process_count
     out.append({k: v[process_index * local:(process_index + 1) * local] for k, v in batch.items()})
   return out
 
 
-__all__ = ["BatchIterator", "DataError", "Vocab", "check_config", "check_vocab", "get_vocab", "load_pairs",
-           "make_eval_batches", "make_train_iterator"]
+__all__ = ["BOS", "EOS", "PAD", "UNK", "BatchIterator", "DataError", "Vocab", "check_config", "check_vocab",
+           "load_pairs", "make_eval_batches", "make_train_iterator", "source_eos"]

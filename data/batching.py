@@ -17,7 +17,7 @@ import tqdm
 from data.sources import report_skipped
 from data.vocab import BOS, EOS
 
-KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
 def bucket_lengths(max_len: int) -> list[int]:
@@ -29,17 +29,19 @@ def bucket_lengths(max_len: int) -> list[int]:
   return out + [max_len]
 
 
-def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str = "data"):
+def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str = "data",
+             source_eos: bool = False):
   """Pairs of text -> (src_ids, tgt_ids, kept_indices); with max_len, longer pairs are skipped and counted.
 
-  src is the plain encoding; tgt gets room for BOS/EOS (its encoded length + 1 must fit max_len).
+  src is the plain encoding, followed by EOS if source_eos (config.data.source_eos; decoding appends it
+  the same way); tgt gets room for BOS/EOS (its encoded length + 1 must fit max_len).
   """
   chunk = 20_000
   src_ids, tgt_ids = [], []
   for start in tqdm.trange(0, len(pairs), chunk, desc=f"tokenize {what}", disable=len(pairs) < 100_000,
                            leave=False):
     part = pairs[start:start + chunk]
-    src_ids += vocab.encode_batch([s for s, _ in part])
+    src_ids += [s + [EOS] if source_eos else s for s in vocab.encode_batch([s for s, _ in part])]
     tgt_ids += vocab.encode_batch([t for _, t in part])
   keep, too_long = [], []
   for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
@@ -55,7 +57,7 @@ def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str =
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
-  return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in KEYS}
+  return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in BATCH_KEYS}
 
 
 def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):
@@ -73,22 +75,59 @@ def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):
 
 
 def rows_for(length: int, batch_tokens: int, row_multiple: int) -> int:
-  """Rows of a batch of padded length `length` under the token budget, a multiple of row_multiple."""
+  """Rows of a packed batch (rows of `length` slots, nearly full) under the budget, a multiple of
+  row_multiple."""
   return max(row_multiple, (batch_tokens // length) // row_multiple * row_multiple)
 
 
-def plan_buckets(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
-  """One epoch of bucketed batches: a list of (length, [pair indices]), each list at most rows long."""
+def _shortest_in_bucket(length: int, max_len: int) -> int:
+  """The fewest tokens (the longer side of a pair) that a pair of the bucket `length` can need."""
   lengths = bucket_lengths(max_len)
-  need = np.maximum([len(s) for s in src_ids], [len(t) + 1 for t in tgt_ids])
-  which = np.searchsorted(lengths, need)      # smallest bucket that fits
+  b = lengths.index(length)
+  return lengths[b - 1] + 1 if b else max(1, length // 2)
+
+
+def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int = 1) -> int:
+  """Rows of a bucketed batch of padded length `length`, a multiple of row_multiple.
+
+  A bucket's batch holds up to batch_tokens real source and batch_tokens real target tokens (see
+  plan_buckets), so its fixed shape has room for that many of the bucket's shortest pairs; the rows its
+  pairs do not fill are padding (no loss weight). Pairs of the first bucket shorter than half its length
+  stop at this row cap before they reach the budget.
+  """
+  pairs = max(1, batch_tokens // _shortest_in_bucket(length, max_len))
+  return -(-pairs // row_multiple) * row_multiple
+
+
+def plan_buckets(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
+  """One epoch of bucketed batches: a list of (length, [pair indices]).
+
+  Each batch takes pairs of one length bucket until the next pair would bring its real source tokens or
+  its real target tokens (target + EOS) over batch_tokens, as the paper's "approximately 25000 source
+  tokens and 25000 target tokens" and fairseq's --max-tokens count them, or until the bucket's row cap
+  (bucket_rows). Padding is not counted. Which pairs form a batch does not depend on row_multiple.
+  """
+  del row_multiple   # the shape rounds its rows up (bucket_rows); the batches themselves do not change
+  lengths = bucket_lengths(max_len)
+  src_len = np.array([len(s) for s in src_ids], np.int64)
+  tgt_len = np.array([len(t) + 1 for t in tgt_ids], np.int64)
+  which = np.searchsorted(lengths, np.maximum(src_len, tgt_len))      # smallest bucket that fits
   plan = []
   for b, length in enumerate(lengths):
     members = np.flatnonzero(which == b)
     if rng is not None:
       members = rng.permutation(members)
-    rows = rows_for(length, batch_tokens, row_multiple)
-    plan += [(length, members[i:i + rows].tolist()) for i in range(0, len(members), rows)]
+    cap = bucket_rows(length, max_len, batch_tokens)
+    batch, used_src, used_tgt = [], 0, 0
+    for i in members.tolist():
+      if batch and (len(batch) == cap or used_src + src_len[i] > batch_tokens
+                    or used_tgt + tgt_len[i] > batch_tokens):
+        plan.append((length, batch))
+        batch, used_src, used_tgt = [], 0, 0
+      batch.append(i)
+      used_src, used_tgt = used_src + src_len[i], used_tgt + tgt_len[i]
+    if batch:
+      plan.append((length, batch))
   if rng is not None:
     plan = [plan[i] for i in rng.permutation(len(plan))]
   return plan
@@ -161,11 +200,17 @@ class BatchIterator:
       plan = self._epoch_plan()
     length, members = plan[self.index]
     self.index += 1
-    rows = rows_for(length, self.batch_tokens, self.row_multiple)
+    rows = self.rows(length)
     batch = assemble(self.src_ids, self.tgt_ids, length, members, rows, self.pack)
     local = rows // self.process_count
     start = self.process_index * local
     return {k: v[start:start + local] for k, v in batch.items()}
+
+  def rows(self, length: int) -> int:
+    """Global rows of a batch of padded length `length` (fixed per length: bounded compiles)."""
+    if self.pack:
+      return rows_for(length, self.batch_tokens, self.row_multiple)
+    return bucket_rows(length, self.max_len, self.batch_tokens, self.row_multiple)
 
   def get_state(self) -> dict:
     return {"epoch": self.epoch, "index": self.index}

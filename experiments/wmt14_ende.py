@@ -5,13 +5,14 @@ Commands (data prepared as in REPRODUCING.md; DIR = the TFDS data directory):
       --config.data.tfds_data_dir=DIR
   python -m train --config experiments/wmt14_ende.py:big --workdir runs/ende_big \\
       --config.data.tfds_data_dir=DIR --config.train.grad_accum_steps=2
-  python -m train.average --workdir runs/ende_base --last 5      # big: --last 20
+(The end of training writes the average of the last 5 (big: 20) checkpoints to RUN/averaged and prints
+test BLEU of both it and the final parameters: config.train.average_last.)
 Smoke (seconds, offline, on the embedded corpus with a tiny model):
   python -m train --config experiments/wmt14_ende.py:base_smoke --workdir /tmp/ende_smoke
 Args: ARGS below. 'smoke' is 'base_smoke'; '<size>_smoke' keeps that size's training settings (dropout,
 checkpoints kept) but swaps in default.py's smoke model, corpus and step counts.
 
-Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.6):
+Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.6; the averaged line):
   base: paper 27.3 BLEU (tokenized, compounds split) ~ 26-26.5 sacreBLEU; dev (newstest2013) PPL 4.92.
   big:  paper 28.4 BLEU ~ 27-27.5 sacreBLEU; dev PPL 4.33.
   (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output: see PAPER.md.)
@@ -21,10 +22,15 @@ Cost (paper: 8 P100s; base 100K steps in 12 h, big 300K steps in 3.5 days). Mode
   the P100's fp32 peak) with --config.model.dtype=bfloat16: base ~2.8 h on 1 A100, ~25 min on 8; big
   ~29 h on 1 A100, ~3.6 h on 8. REPRODUCING.md derives these numbers.
 
-Batches: config.data.batch_tokens target tokens per optimizer step (the paper: ~25,000 source + 25,000 target
-tokens). It is split over the devices and then into config.train.grad_accum_steps micro-batches, so fewer
-or smaller devices keep the paper's batch by raising grad_accum_steps: each device holds
-batch_tokens / (devices * grad_accum_steps) target tokens at once. Rough fits in float32: base ~4-6k
+Batches: the paper's "approximately 25000 source tokens and 25000 target tokens" per step, counted as it
+and fairseq's --max-tokens count them: config.data.batch_tokens=25,000 bounds the real (not padded)
+source tokens and, separately, the real target tokens (+ EOS) of each batch of one length bucket
+(data.batching.plan_buckets); metrics.jsonl reports both per batch (train/src_tokens_per_batch,
+train/tgt_tokens_per_batch). A batch's fixed shape has room for its bucket's shortest pairs, so it holds
+up to ~1.5x as many slots, the unused rows being padding. The batch is split over the devices and then
+into config.train.grad_accum_steps micro-batches, so fewer or smaller devices keep the paper's batch by
+raising grad_accum_steps: each device holds batch_tokens / (devices * grad_accum_steps) real tokens per
+side at once. Rough fits in float32: base ~4-6k
 tokens per 16 GB device, big ~2-3k; e.g. 1 GPU: base grad_accum_steps=4-8, big 8-12; 8 GPUs: base 1, big 2.
 
 The TFDS splits of wmt14_translate/de-en (tensorflow_datasets/translate/wmt14.py, checked in the installed
@@ -67,7 +73,8 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
       vocab_size=vocab_size,
       vocab_sample_sentences=2_000_000,    # SentencePiece on a seeded 2M-sentence sample (both sides)
       max_len=256,                         # training pairs longer than this (in pieces) are skipped
-      batch_tokens=25_000,                 # the paper: ~25k target tokens per step
+      batch_tokens=25_000,                 # the paper: ~25k real source and ~25k real target tokens a step
+      source_eos=True,                     # sources end with EOS (tensor2tensor, fairseq)
       pack=False,                          # the paper groups by length; it does not pack
   )
 
@@ -80,7 +87,9 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
       log_every=100, eval_every=2000, bleu_every=10_000,
       checkpoint_every_steps=0,            # the paper: by time, every 10 minutes
       checkpoint_every_minutes=10.0,
-      keep_checkpoints=5 if size == "base" else 20,   # what averaging reads (train.average --last)
+      keep_checkpoints=5 if size == "base" else 20,
+      average_last=5 if size == "base" else 20,       # the paper's reported models: the last 5 / 20
+                                                      # checkpoints (10 minutes apart) averaged
       dev_sentences=0,                     # all 3000 of newstest2013
       test_bleu=True,
   )
@@ -95,7 +104,9 @@ def shrink_to_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   size_keys = ("d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
                "max_len")
   config.model.update(**{k: smoke.model[k] for k in size_keys})
+  source_eos = config.data.source_eos
   config.data.update(**smoke.data.to_dict())   # the embedded corpus, a tiny vocabulary and batches
+  config.data.source_eos = source_eos
   config.train.update(**{k: smoke.train[k] for k in (
       "num_steps", "warmup_steps", "log_every", "eval_every", "bleu_every", "checkpoint_every_steps")})
   config.train.grad_accum_steps = 1

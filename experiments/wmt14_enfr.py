@@ -5,7 +5,7 @@ Commands (data prepared as in REPRODUCING.md; DIR = the TFDS data directory):
       --config.data.tfds_data_dir=DIR
   python -m train --config experiments/wmt14_enfr.py:big --workdir runs/enfr_big \\
       --config.data.tfds_data_dir=DIR --config.train.grad_accum_steps=2
-  python -m train.average --workdir runs/enfr_big --last 20     # base: --last 5
+(The end of training averages the last 5 (big: 20) checkpoints and scores both: config.train.average_last.)
 Smoke (seconds, offline; the embedded corpus is English->German-like, which is all a smoke run needs):
   python -m train --config experiments/wmt14_enfr.py:smoke --workdir /tmp/enfr_smoke
 Args: ARGS below, as in wmt14_ende.py ('smoke' is 'base_smoke').

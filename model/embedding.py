@@ -39,7 +39,7 @@ class Embedder(nn.Module):
   vocab_size: int = 0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  dropout_cls: Any = nn.Dropout
+  dropout_cls: Any = nn.Dropout   # model.ops chooses it (kernels/dropout16.py on the CPU)
 
   def setup(self):
     if self.shared is not None:

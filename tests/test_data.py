@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from data import (BatchIterator, DataError, check_vocab, get_vocab, load_pairs, make_eval_batches,
+from data import (BatchIterator, DataError, check_vocab, load_pairs, make_eval_batches,
                   make_train_iterator, synthetic, tokenize)
 from data.vocab import BOS, EOS, Vocab, train_vocab
+from run import get_vocab
 from experiments.default import get_config
 
 TRAIN_SIZE = 600
@@ -223,12 +224,60 @@ def test_every_example_exactly_once_per_epoch_within_the_token_budget(ids, pack)
     batch = next(it)
     rows, length = batch["tgt_in"].shape
     shapes.add((rows, length))
-    assert rows % 4 == 0 and rows * length <= 512
+    assert rows % 4 == 0
+    if pack:
+      assert rows * length <= 512
     assert int((batch["tgt_segments"] != 0).sum()) <= 512
+    assert int((batch["src_segments"] != 0).sum()) <= 512
     seen += _pairs_of(batch)
   assert sorted(seen) == expected
   assert it.get_state() == {"epoch": 0, "index": it.epoch_batches()}
   assert len(shapes) <= (1 if pack else 9)
+
+
+def test_bucketed_batches_count_real_source_and_target_tokens_not_padding(ids):
+  """The paper's ~25k source + ~25k target tokens per batch, as fairseq's --max-tokens: a bucketed batch
+  closes when the next pair would bring either side's real tokens over batch_tokens, so batches come
+  close to the budget instead of counting padded slots (which left them 17-27% short)."""
+  src, tgt = ids
+  it = _iterator(ids, batch_tokens=1024)
+  fullest, lengths = [], []
+  for _ in range(it.epoch_batches()):
+    batch = next(it)
+    real_src = int((batch["src_segments"] != 0).sum())
+    real_tgt = int((batch["tgt_segments"] != 0).sum())
+    assert real_src <= 1024 and real_tgt <= 1024
+    fullest.append(max(real_src, real_tgt))
+    lengths.append(batch["src"].shape[1])
+  # Every bucket with more than a batch of pairs fills all but its last batch to within one pair.
+  by_length = {}
+  for length, full in zip(lengths, fullest):
+    by_length.setdefault(length, []).append(full)
+  checked = 0
+  for length, fulls in by_length.items():
+    for full in sorted(fulls, reverse=True)[:-1]:
+      assert full > 1024 - length, (length, fulls)
+      checked += 1
+  assert checked >= 3
+  assert np.median(fullest) > 0.9 * 1024
+
+
+def test_source_eos_ends_every_source_with_eos(data_config, vocab):
+  pairs = load_pairs(data_config, "dev")[:20]
+  plain, _, _ = tokenize(vocab, pairs)
+  with_eos, tgt, _ = tokenize(vocab, pairs, source_eos=True)
+  for a, b in zip(plain, with_eos):
+    assert list(b) == list(a) + [EOS]
+  config = get_config().data
+  config.update(data_config.to_dict())
+  config.source_eos = True
+  batch = next(make_train_iterator(config, vocab, seed=0, row_multiple=1))
+  for row in range(batch["src"].shape[0]):
+    for seg in range(1, int(batch["src_segments"][row].max(initial=0)) + 1):
+      assert batch["src"][row][batch["src_segments"][row] == seg][-1] == EOS
+  dev = make_eval_batches(config, vocab, pairs, row_multiple=1)
+  assert all(b["src"][r][b["src_segments"][r] == 1][-1] == EOS
+             for b in dev for r in range(b["src"].shape[0]) if b["src_segments"][r].any())
 
 
 def test_same_seed_same_batches_and_epochs_reshuffle(ids):

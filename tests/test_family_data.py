@@ -93,7 +93,7 @@ def test_greedy_prompt_sampling_is_the_beam_of_one():
 
 def test_export_refuses_the_family_switches_by_name():
   import pytest
-  from decode.export import UnsupportedOption, check_exportable
+  from export.weights import UnsupportedOption, check_exportable
   base = dict(vocab_size=40, d_model=16, d_ff=32, num_heads=4, num_encoder_layers=1, num_decoder_layers=1)
   check_exportable(TransformerConfig(**base, num_kv_heads=4), "hf")     # MHA spelled out is fine
   for switch, name in [(dict(arch="decoder_only"), "arch"), (dict(positions="rope"), "positions"),

@@ -5,38 +5,59 @@
     python -m train --config.train.num_steps=5000 --config.model.num_encoder_layers=4
 
 Rerunning a command resumes its run directory. A misspelled --config.* key is an error.
+
+Every entry point (train, train.sweep, train.average, decode, export, benchmarks) parses its flags with
+argparse, in its own __main__ (or main()), and nowhere else. argparse is in the standard library, gives
+each command a --help with its usage, and lets tests call main(argv) in-process; `--config.KEY=VALUE`
+overrides go through experiments.apply_overrides, the same function the sweep, the benchmarks and the
+tests use, so an override means the same thing everywhere (absl's config_flags parsed them a second way).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+import jax
+from absl import logging   # Orbax logs through absl
+
+import experiments
+from run import user_errors
+from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "experiment file[:arg]", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: the config's workdir)")
 
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config=... --workdir=...")
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.split("\n")[0],
+                                   epilog="--config.KEY=VALUE overrides one key of the experiment's config "
+                                          "(e.g. --config.train.num_steps=5000).")
+  parser.add_argument("--config", default=_DEFAULT, help=f"experiment file[:arg] (default {_DEFAULT})")
+  parser.add_argument("--workdir", default=None, help="run directory (default: the config's workdir)")
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; use --config=FILE[:arg] --workdir=DIR --config.KEY=VALUE")
+  try:
+    config = experiments.load_experiment(args.config)
+    experiments.apply_overrides(config, [a.removeprefix("--config.") for a in rest])
+  except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as error:
+    parser.error(str(error).strip("'\""))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
-  import jax
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  from train.train import NonFiniteError, train_and_evaluate
-  from train.run_dir import RunDirLocked
 
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or config.workdir
+  workdir = args.workdir or config.workdir
+  experiment = pathlib.Path(args.config.partition(":")[0])
+  if config.data.source == "files" and experiment.resolve() == (_ROOT / "experiments" / "default.py"):
+    print("[train] hint: for your own corpus, experiments/small_corpus.py is tuned for real text "
+          "(docs/small_corpus.md); this is the default experiment, tuned for the synthetic corpus")
   try:
-    outcome = train_and_evaluate(config, workdir)
-  except (NonFiniteError, RunDirLocked) as error:
+    with user_errors.reported():   # one line `error: ...`, exit status 2
+      outcome = train_and_evaluate(config, workdir)
+  except NonFiniteError as error:
     print(f"[train] error: {error}", file=sys.stderr)
     sys.exit(1)
   if outcome.interrupted:
@@ -47,6 +68,9 @@ def main(argv):
           f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
   if outcome.test_bleu is not None:
     print(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
+    if outcome.test_bleu_averaged is not None:
+      print(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
+            f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")
     for src, ref, hyp in outcome.samples or []:
       print(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
   print(f"run directory: {outcome.workdir}")
@@ -56,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from data.batching import BATCH_KEYS   # the data contract: one definition, in data/
 from model import Transformer, TransformerConfig
 from model.ops import ops_for
 from train import loss as loss_lib
@@ -29,8 +30,6 @@ from train import loss as loss_lib
 # Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, used where
 # the model's config.kernels picks the CPU fast paths); 0: full logits.
 DEFAULT_LOSS_CHUNK = 1024
-
-BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
 @flax.struct.dataclass
@@ -219,7 +218,8 @@ def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, labe
   nll = aux["nll"] / tokens
   metrics = {"loss": loss, "nll": nll, "ppl": jnp.exp(nll), "accuracy": aux["correct"] / tokens,
              "learning_rate": schedule(state.step), "grad_norm": grad_norm,
-             "param_norm": optax.tree.norm(new_state.params), "tokens": aux["tokens"]}
+             "param_norm": optax.tree.norm(new_state.params), "tokens": aux["tokens"],
+             "src_tokens": jnp.sum(batch["src_segments"] > 0).astype(jnp.float32)}   # real, not padding
   return new_state, metrics
 
 

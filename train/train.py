@@ -22,8 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from train import checkpoint as ckpt
-from train import config_io, metrics_io, run_dir, schedules
+from data import load_pairs, make_eval_batches, make_train_iterator, source_eos
+from decode.bleu import sacrebleu_score
+from decode.translate import translate
+from run import checkpoint as ckpt
+from run import checkpoint_arg, get_vocab
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run.user_errors import UserError
+from train import schedules
+from train.average import average_checkpoints
 from train import step as step_lib
 from train.optimizer import make_optimizer
 
@@ -41,8 +48,11 @@ class Outcome:
   workdir: str
   step: int
   interrupted: str | None = None       # name of the signal that stopped the run early, if any
-  test_bleu: float | None = None
+  test_bleu: float | None = None       # of the final parameters
   test_signature: str | None = None
+  test_bleu_averaged: float | None = None   # of the average of the last config.train.average_last
+  averaged_steps: list | None = None        # checkpoints (None without averaging)
+  stopped_early: bool = False          # dev loss stopped improving (config.train.early_stop_evals)
   samples: list | None = None          # [(source, reference, hypothesis)]
   eval: dict | None = None
 
@@ -81,7 +91,7 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
   fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
            and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
   if fatal and has_checkpoints:
-    raise ValueError(f"{path}: this run directory was trained with different settings "
+    raise UserError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
   if changes:
     print(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
@@ -94,14 +104,12 @@ def _evaluate(eval_fn, params, batches, mesh) -> dict:
   return step_lib.finish_eval(sums)
 
 
-def _bleu(model, params, vocab, pairs, decode_config):
+def _bleu(model, params, vocab, pairs, decode_config, source_eos):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
-  from decode.bleu import sacrebleu_score
-  from decode.translate import translate
   host_params = jax.device_put(params, jax.local_devices()[0])
   hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
                    alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
-                   batch_tokens=decode_config.batch_tokens)
+                   batch_tokens=decode_config.batch_tokens, source_eos=source_eos)
   score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
   return float(score), signature, hyps
 
@@ -119,12 +127,15 @@ def train_and_evaluate(config, workdir) -> Outcome:
 
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
-  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
   # Run directory: config, versions, checkpoint manager.
   # ------------------------------------------------------------------------------------------------
+  average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
+  if average_last > int(tc.keep_checkpoints):
+    raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
+                     f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
   _check_config(config, workdir, bool(manager.all_steps()))
   config_io.save_config(config, workdir)
@@ -161,9 +172,12 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   params_key, train_key = jax.random.split(jax.random.key(config.seed))
   params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state)
   pending = []   # per-step metric dicts since the last log line (restored too: exact averages on resume)
+  # Early stopping: the best dev loss so far, the evals since it, and whether the run has stopped.
+  early = {"best": float("inf"), "bad": 0, "stopped": False}
   if meta is not None:
+    early.update(meta.get("early_stop", {}))
     if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
-      raise ValueError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
+      raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
                        f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
     state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                                 opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
@@ -176,12 +190,12 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
       run, _, which = tc.init_checkpoint.partition(":")
-      which = None if not which else which if which == "averaged" else int(which)
+      which = checkpoint_arg(which)
       init_params, init_step = ckpt.load_params(run, which)
       if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
           a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
                                              jax.tree_util.tree_leaves(state.params))):
-        raise ValueError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
+        raise UserError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
                          f"match config.model (different architecture or vocabulary size)")
       state = state.replace(params=jax.device_put(init_params, shardings.params))
       print(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
@@ -216,7 +230,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     check_finite(step)
     host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
     meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": train_iter.get_state(),
-            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending}
+            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending,
+            "early_stop": dict(early)}
     ckpt.save(manager, step, state.params, state.opt_state, meta)
 
   # ------------------------------------------------------------------------------------------------
@@ -224,7 +239,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
   writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
-                                    drop_reports=start_step >= int(tc.num_steps))
+                                    drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
   def evaluate(step, with_bleu):
     t0 = time.time()
@@ -232,7 +247,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     result["eval/seconds"] = time.time() - t0
     if with_bleu:
       t0 = time.time()
-      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode)
+      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode, source_eos(config.data))
       result["eval/bleu"] = bleu
       result["eval/bleu_seconds"] = time.time() - t0
     writer.write(step, result)
@@ -251,7 +266,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   step = start_step
   signals = _Signals().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
   try:
-    while step < num_steps and signals.received is None:
+    while step < num_steps and not early["stopped"] and signals.received is None:
       batch = next(train_iter)
       state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
       pending.append(metrics)
@@ -266,6 +281,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         line["train/learning_rate"] = float(host[-1]["learning_rate"])
         tokens = float(np.sum([float(m["tokens"]) for m in host]))
         line["train/tokens"] = tokens
+        # Real (not padded) tokens per batch, source and target: what config.data.batch_tokens bounds.
+        line["train/src_tokens_per_batch"] = line.pop("train/src_tokens", 0.0)
+        line["train/tgt_tokens_per_batch"] = tokens / len(host)
         line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
         line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
         writer.write(step, line)
@@ -277,9 +295,16 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       if every(tc.eval_every, step) or step == num_steps:
         eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
         last_log_time = time.time()   # keep eval time out of tokens/s
+        if patience:
+          better = eval_result["eval/loss"] < early["best"]
+          early.update(best=min(early["best"], eval_result["eval/loss"]), bad=0 if better else early["bad"] + 1)
+          if early["bad"] >= patience:
+            early["stopped"] = True
+            print(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
+                  f"stopping at step {step}")
 
       minutes = (time.time() - last_save_time) / 60
-      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received
+      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received or early["stopped"]
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
         save(step)
         last_save_time = time.time()
@@ -298,16 +323,26 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # The end: test-set sacreBLEU with its signature, and a few sample translations.
   # ------------------------------------------------------------------------------------------------
-  outcome = Outcome(str(workdir), step, eval=eval_result)
+  outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"])
   if eval_result is None:   # a finished run rerun: report again
     eval_result = outcome.eval = evaluate(step, with_bleu=False)
   if tc.test_bleu:
     test_pairs = load_pairs(config.data, "test")
     if tc.get("test_sentences", 0):
       test_pairs = test_pairs[:tc.test_sentences]
-    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode)
+    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode,
+                                  source_eos(config.data))
     writer.write(step, {"test/bleu": bleu, "test/signature": signature})
     outcome.test_bleu, outcome.test_signature = bleu, signature
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
+  if average_last:
+    # The paper's reported models: the element-wise mean of the last average_last checkpoints.
+    _, outcome.averaged_steps = average_checkpoints(workdir, average_last)
+    writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps))})
+    if tc.test_bleu:
+      averaged, _ = ckpt.load_params(workdir, "averaged")
+      bleu, _, _ = _bleu(model, averaged, vocab, test_pairs, config.decode, source_eos(config.data))
+      writer.write(step, {"test/bleu_averaged": bleu})
+      outcome.test_bleu_averaged = bleu
   writer.close()
   return outcome

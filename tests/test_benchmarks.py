@@ -1,0 +1,120 @@
+"""The benchmark harness: each system in a process of its own, the results' structure, the generated page."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import textwrap
+
+import pytest
+
+from benchmarks import harness, report, throughput
+
+TINY = ["--d_model", "32", "--num_layers", "1", "--num_heads", "2", "--d_ff", "64", "--vocab", "300",
+        "--batch", "4", "--src_len", "8", "--tgt_len", "8", "--decode_batch", "4", "--decode_len", "8",
+        "--beam_size", "2", "--repeats", "1", "--warmup", "0", "--pause", "0"]
+PEERS = ["torch", "torch_bf16", "torch_compile", "torch_compile_bf16", "hf", "hf_compile", "ct2", "ct2_int8"]
+
+FAKE_SYSTEM = textwrap.dedent("""
+    import os, time
+    from benchmarks import worker
+
+    def setup(spec):
+      print("a library that prints to stdout")      # must not break the protocol
+      if spec.get("absent"):
+        import a_module_that_is_not_installed
+      if spec.get("fail"):
+        raise ValueError("bad setup")
+      tasks = {"nap": lambda: time.sleep(0.01)}
+      if spec.get("crash"):
+        tasks["nap"] = lambda: os._exit(3)
+      return tasks, {"greeting": "hi"}
+
+    if __name__ == "__main__":
+      worker.serve(setup)
+""")
+
+
+def test_harness_runs_each_system_in_its_own_process(tmp_path, monkeypatch):
+  (tmp_path / "fake_system.py").write_text(FAKE_SYSTEM)
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  workers = [harness.Worker("a", "fake_system", {}), harness.Worker("b", "fake_system", {}),
+             harness.Worker("gone", "fake_system", {"absent": True}),
+             harness.Worker("broken", "fake_system", {"fail": True}),
+             harness.Worker("crash", "fake_system", {"crash": True})]
+  harness.start(workers, tmp_path, timeout=120)
+  try:
+    times = harness.round_robin(workers, "nap", warmup=1, repeats=3, pause=0)
+  finally:
+    harness.close(workers)
+  assert set(times) == {"a", "b"} and all(len(t) == 3 and min(t) >= 0.01 for t in times.values())
+  pids = {w.pid for w in workers[:2]}
+  assert len(pids) == 2 and os.getpid() not in pids
+  assert workers[0].info == {"greeting": "hi"}
+  assert workers[2].status == "absent" and "a_module_that_is_not_installed" in workers[2].reason
+  assert workers[3].status == "failed" and workers[3].reason == "ValueError: bad setup"
+  assert workers[4].status == "failed" and "exited with code 3" in workers[4].reason
+  stats = harness.summary([3.0, 1.0, 2.0])
+  assert (stats["median_s"], stats["min_s"], stats["max_s"]) == (2.0, 1.0, 3.0)
+
+
+def _pids(result: dict) -> list[int]:
+  rows = list(result.get("peak", {}).values()) + list(result.get("train", {}).get("systems", {}).values())
+  decode = result.get("decode", {})
+  seen = {}
+  for task in ("greedy", "beam"):
+    for name, row in decode.get(task, {}).get("systems", {}).items():
+      seen[name] = row                 # one process serves both of a system's decoding tasks
+  return [row["pid"] for row in rows + list(seen.values()) if row.get("pid")]
+
+
+def _run(tmp_path, skip) -> dict:
+  out = tmp_path / "throughput.json"
+  throughput.main(TINY + ["--skip", ",".join(skip), "--out", str(out)])
+  result = json.loads(out.read_text())
+  for key in ("date", "machine", "versions", "args", "model", "peak", "train", "decode"):
+    assert key in result or key in skip, key
+  assert "avx512_bf16" in result["machine"] and result["machine"]["cpu"]
+  pids = _pids(result)
+  assert len(pids) == len(set(pids)) and result["harness_pid"] not in pids
+  assert result["harness_pid"] == os.getpid()
+  return result
+
+
+@pytest.mark.slow
+def test_throughput_ours_alone(tmp_path):
+  result = _run(tmp_path, PEERS + ["ours_bf16"])
+  assert result["peak"]["float32"]["gflops"] > 0 and result["peak"]["bfloat16"]["gflops"] > 0
+  ours = result["train"]["systems"]["ours"]
+  assert ours["status"] == "ready" and ours["runs"] == 1 and ours["tokens_per_s"] > 0
+  assert ours["min_s"] <= ours["median_s"] <= ours["max_s"]
+  assert result["train"]["target_tokens"] == 4 * 8
+  for task in ("greedy", "beam"):
+    row = result["decode"][task]["systems"]["ours"]
+    assert row["tokens_per_s"] > 0 and row["info"][task]["devices"] == (os.cpu_count() or 1)
+    assert result["decode"][task]["systems"]["ct2"]["status"] == "skipped"
+  assert result["train"]["systems"]["ours"]["info"]["devices"] == 1
+  page = report.render_run(result)
+  assert "ours, float32" in page and "% of f32 peak" in page and "skipped: --skip" in page
+
+
+@pytest.mark.slow
+def test_throughput_peers_each_in_own_process(tmp_path):
+  for name in ("torch", "transformers", "ctranslate2"):
+    pytest.importorskip(name)
+  result = _run(tmp_path, ["peak", "ours_bf16", "torch_bf16", "torch_compile", "torch_compile_bf16",
+                           "hf_compile"])
+  systems = result["train"]["systems"]
+  assert systems["torch"]["status"] == "ready", systems["torch"]
+  assert "ours/torch" in result["train"]["ratios"]
+  greedy = result["decode"]["greedy"]
+  for name in ("hf", "ct2", "ct2_int8"):
+    assert greedy["systems"][name]["status"] == "ready", greedy["systems"][name]
+    assert f"ours/{name}" in greedy["ratios"]
+  assert greedy["systems"]["ct2_int8"]["info"]["compute_type"] == "int8_float32"
+
+
+def test_performance_page_is_generated_from_the_results():
+  page = pathlib.Path(report.PAGE)
+  assert page.read_text() == report.render_page(), (
+      "docs/performance.md differs from benchmarks/results/*.json: run `python -m benchmarks.report`")

@@ -1,0 +1,71 @@
+"""The end of training as the paper reports it: the average of the last N checkpoints scored beside the
+final parameters (config.train.average_last), early stopping on dev loss, and the real tokens per batch in
+metrics.jsonl.
+"""
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import experiments
+from data import make_train_iterator
+from run import checkpoint as ckpt
+from run import get_vocab
+from run import metrics as metrics_io
+from train.average import average_params
+from train.train import train_and_evaluate
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
+QUIET = {"train.bleu_every": 0, "train.progress": False, "train.tensorboard": False,
+         "train.eval_every": 0, "train.dev_sentences": 32, "train.test_sentences": 16}
+
+
+def smoke_config(**overrides):
+  return experiments.apply_overrides(experiments.load_experiment(SMOKE), {**QUIET, **overrides})
+
+
+def test_average_last_writes_the_average_and_scores_both(tmp_path):
+  config = smoke_config(**{"train.num_steps": 4, "train.checkpoint_every_steps": 1,
+                           "train.keep_checkpoints": 3, "train.average_last": 3})
+  outcome = train_and_evaluate(config, tmp_path)
+  assert outcome.averaged_steps == [2, 3, 4]
+  assert outcome.test_bleu is not None and outcome.test_bleu_averaged is not None
+  averaged, step = ckpt.load_params(tmp_path, "averaged")
+  expected = average_params([ckpt.load_params(tmp_path, s)[0] for s in (2, 3, 4)])
+  for a, b in zip(jax.tree_util.tree_leaves(averaged), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  test_lines = [line for line in metrics_io.read_metrics(tmp_path) if "test/bleu_averaged" in line]
+  assert len(test_lines) == 1 and test_lines[0]["step"] == 4
+
+
+def test_average_last_needs_that_many_checkpoints_kept(tmp_path):
+  config = smoke_config(**{"train.keep_checkpoints": 2, "train.average_last": 5})
+  with pytest.raises(ValueError, match="average_last=5.*keep_checkpoints=2"):
+    train_and_evaluate(config, tmp_path)
+
+
+def test_early_stopping_stops_when_dev_loss_stalls_and_stays_stopped(tmp_path):
+  # A zero learning rate: the dev loss never improves after the first eval.
+  config = smoke_config(**{"train.num_steps": 8, "train.eval_every": 1, "train.early_stop_evals": 2,
+                           "train.learning_rate": 0.0, "train.test_bleu": False,
+                           "train.checkpoint_every_steps": 0})
+  outcome = train_and_evaluate(config, tmp_path)
+  assert outcome.stopped_early and outcome.step == 3
+  again = train_and_evaluate(config, tmp_path)     # rerunning a stopped run reports, does not train on
+  assert again.stopped_early and again.step == 3
+
+
+def test_metrics_report_real_source_and_target_tokens_per_batch(tmp_path):
+  config = smoke_config(**{"train.num_steps": 2, "train.log_every": 1, "train.test_bleu": False,
+                           "data.pack": False})
+  train_and_evaluate(config, tmp_path)
+  lines = [line for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
+  vocab = get_vocab(config.data, tmp_path)
+  it = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=8)
+  for line in lines:
+    batch = next(it)
+    assert line["train/src_tokens_per_batch"] == (batch["src_segments"] != 0).sum()
+    assert line["train/tgt_tokens_per_batch"] == (batch["tgt_segments"] != 0).sum()
+    assert (batch["tgt_segments"] != 0).sum() < batch["tgt_segments"].size   # padding is not counted
