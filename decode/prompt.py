@@ -52,13 +52,15 @@ def _prefilled(model, params, prompt, max_len):
   return tokens_to_logits, cache
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha"))
-def prompt_search(model, params, prompt, *, beam_size=4, max_len=20, alpha=0.6):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len", "alpha",
+                                             "repetition_penalty"))
+def prompt_search(model, params, prompt, *, beam_size=4, max_len=20, alpha=0.6, repetition_penalty=1.0):
   """Beam search continuing prompt int32 [n, P] (left-padded; a translation prompt ends in the
   separator): (sequences int32 [n, k, max_len], scores [n, k]), best first."""
   tokens_to_logits, cache = _prefilled(model, params, prompt, max_len)
   return beam_search(tokens_to_logits, cache, batch_size=prompt.shape[0], beam_size=beam_size,
-                     max_len=max_len, eos_id=EOS, bos_id=0, alpha=alpha)
+                     max_len=max_len, eos_id=EOS, bos_id=0, alpha=alpha,
+                     repetition_penalty=repetition_penalty)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k", "top_p",

@@ -101,3 +101,15 @@ def test_export_refuses_the_family_switches_by_name():
                        (dict(norm="rmsnorm"), "norm"), (dict(positions="learned"), "positions")]:
     with pytest.raises(UnsupportedOption, match=name):
       check_exportable(TransformerConfig(**base, **switch), "hf")
+
+
+def test_repetition_penalty_in_beam_search_makes_a_beam_of_one_the_penalised_greedy():
+  model, params = _tiny()
+  prompt = jnp.asarray(left_pad([[BOS, 4, 4], [BOS, 4]]))
+  plain, _ = prompt_search(model, params, prompt, beam_size=1, max_len=6, alpha=0.0)
+  greedy, _ = prompt_sample(model, params, prompt, jax.random.key(0), max_len=6, temperature=0.0,
+                            repetition_penalty=5.0)
+  beam, _ = prompt_search(model, params, prompt, beam_size=1, max_len=6, alpha=0.0,
+                          repetition_penalty=5.0)
+  np.testing.assert_array_equal(greedy, beam[:, 0])
+  assert not np.array_equal(plain, beam)          # the penalty changed what was found
