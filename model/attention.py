@@ -64,6 +64,20 @@ def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None,
                     _dot_general=dot_general)                  # [b, q_len, h, d_v]
 
 
+def attention_weights(q, k, mask, bias=None):
+  """The softmax weights float32 [b, h, q_len, kv_len] that dot_product_attention applies (for
+  pictures: decode/attention.py captures them with `sow`)."""
+  groups = q.shape[2] // k.shape[2]
+  k = jnp.repeat(k, groups, axis=2) if groups > 1 else k
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32) * q.shape[-1] ** -0.5,
+                      k.astype(jnp.float32))
+  if bias is not None:
+    logits = logits + bias
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  return jax.nn.softmax(logits, axis=-1)
+
+
 class MultiHeadAttention(nn.Module):
   """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
 
@@ -111,6 +125,8 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
+    if self.is_mutable_collection("intermediates"):   # decode/attention.py asks; training never does
+      self.sow("intermediates", "attention_weights", attention_weights(q, k, mask, bias))
     return dot_product_attention(q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general,
                                  dropout=dropout, bias=bias)
 

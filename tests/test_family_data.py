@@ -113,3 +113,19 @@ def test_repetition_penalty_in_beam_search_makes_a_beam_of_one_the_penalised_gre
                           repetition_penalty=5.0)
   np.testing.assert_array_equal(greedy, beam[:, 0])
   assert not np.array_equal(plain, beam)          # the penalty changed what was found
+
+
+def test_attention_maps_are_captured_only_when_asked_and_are_distributions(tmp_path):
+  from decode.attention import attention_maps, plot
+  cfg = TransformerConfig(vocab_size=20, d_model=8, d_ff=16, num_heads=2, num_encoder_layers=2,
+                          num_decoder_layers=1, num_kv_heads=1, positions="alibi", kernels="reference")
+  model = Transformer(cfg)
+  src, tgt = [5, 6, 7, 8], [BOS, 9, 10]
+  params = model.init(jax.random.key(0), jnp.asarray([src]), jnp.asarray([tgt]))["params"]
+  maps = attention_maps(model, params, src, tgt)
+  assert sorted(maps) == [("cross", 0), ("dec_self", 0), ("enc_self", 0), ("enc_self", 1)]
+  assert maps[("cross", 0)].shape == (2, 3, 4) and maps[("enc_self", 1)].shape == (2, 4, 4)
+  np.testing.assert_allclose(maps[("dec_self", 0)].sum(-1), 1.0, rtol=1e-5)
+  assert np.all(np.triu(maps[("dec_self", 0)][0], 1) < 1e-6)        # causal
+  plot(maps[("cross", 0)], ["a", "b", "c"], ["w", "x", "y", "z"], "t", tmp_path / "m.png")
+  assert (tmp_path / "m.png").stat().st_size > 1000
