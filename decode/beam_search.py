@@ -57,13 +57,14 @@ def gather_rows(tree, rows):
 
 
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,
-                min_len=0, max_steps=None, reorder=None):
+                min_len=0, max_steps=None, reorder=None, repetition_penalty=1.0):
   """Returns (sequences int32 [b, k, L], scores float32 [b, k]), best first.
 
   max_len: an int, or int32 [b] per-sentence limits on the generated length (eos included); L is its
   maximum (or max_steps when max_len is traced). min_len: eos is not allowed before min_len tokens
   (except at a sentence's limit, where only eos is). reorder: see the module docstring (default: gather
-  every leaf by parent row).
+  every leaf by parent row). repetition_penalty: as in decode/sampling.py (CTRL's), applied to each
+  hypothesis's logits for the tokens it has generated; 1.0 is off.
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -96,6 +97,10 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   def body(s):
     i = s["step"]
     logits, cache = tokens_to_logits(s["last"], s["cache"])
+    if repetition_penalty != 1.0:
+      from decode.sampling import apply_repetition_penalty   # sampling imports this module
+      logits = apply_repetition_penalty(logits.astype(jnp.float32), s["alive_seq"].reshape(b * k, steps),
+                                        i, repetition_penalty)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     vocab = logp.shape[-1]
     logp = logp.reshape(b, k, vocab)

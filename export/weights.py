@@ -43,7 +43,18 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
     if cfg.d_model % cfg.num_heads or cfg.head_dim_k != head_dim:
       problems.append(f"d_k={cfg.head_dim_k} with d_model={cfg.d_model}, num_heads={cfg.num_heads} "
                       f"(Marian's head size is d_model / num_heads)")
-  if not cfg.learned_positions and cfg.d_model % 2:
+  # The family switches (docs/family.md): both formats hold the paper's encoder-decoder only.
+  defaults = dict(arch="encoder_decoder", num_kv_heads=None, activation="relu", norm="layernorm")
+  for name, default in defaults.items():
+    if getattr(cfg, name) not in (default, cfg.num_heads if name == "num_kv_heads" else default):
+      problems.append(f"{name}={getattr(cfg, name)!r} (the {fmt} export holds {name}={default!r} only)")
+  if cfg.positions not in ("sinusoidal", "learned"):
+    problems.append(f"positions={cfg.positions!r} (the {fmt} export holds sinusoidal or learned "
+                    f"positions only)")
+  elif cfg.positions == "learned" and fmt == "hf" and not cfg.learned_positions:
+    problems.append("positions='learned' (Marian has sinusoidal positions only; export to ctranslate2 "
+                    "instead)")
+  if cfg.position_kind != "learned" and cfg.d_model % 2:
     problems.append(f"odd d_model={cfg.d_model}")
   if problems:
     raise UnsupportedOption(f"cannot export this model to {fmt}: unsupported option(s): "
@@ -110,7 +121,7 @@ def neutral_weights(params, cfg: TransformerConfig) -> dict[str, np.ndarray]:
     out["decoder.embed_tokens.weight"] = _np(params["decoder"]["embed"]["table"]["embedding"])[:, perm]
     out["lm_head.weight"] = _np(params["output_projection"]["kernel"]).T[:, perm]   # [vocab, d_model]
   for stack in ("encoder", "decoder"):
-    if cfg.learned_positions:
+    if cfg.position_kind == "learned":
       positions = _np(params[stack]["embed"]["positions"]["embedding"])             # [max_len, d_model]
     else:
       positions = np.asarray(sinusoid(np.arange(cfg.max_len), cfg.d_model), np.float32)

@@ -11,6 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import positions as positions_lib
+
 
 # Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
 _MASKED = -1e9
@@ -32,19 +34,27 @@ def causal_mask(length: int) -> jax.Array:
   return (idx[:, None] >= idx[None, :])[None, None]
 
 
-def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None):
-  """softmax(q k^T / sqrt(d_k)) v, with the softmax in float32.
+def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None,
+                          bias=None):
+  """softmax(q k^T / sqrt(d_k) + bias) v, with the softmax in float32.
 
-  q: [b, q_len, h, d_k]; k: [b, kv_len, h, d_k]; v: [b, kv_len, h, d_v];
-  mask: bool broadcastable to [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
+  q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k]; v: [b, kv_len, g, d_v], where g divides h (g < h:
+  grouped-query attention, each key/value head serving h/g consecutive query heads);
+  mask: bool broadcastable to [b, h, q_len, kv_len] or None; bias: float broadcastable to the same, or
+  None (ALiBi, relative positions). Returns [b, q_len, h, d_v] in `dtype`.
   dot_general: what both matmuls use (None: lax.dot_general); dropout: None or a function applied to
   the attention weights.
   """
   dot_general = dot_general or jax.lax.dot_general
+  groups = q.shape[2] // k.shape[2]
+  if groups > 1:
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)   # [b, kv_len, h, d]
   scale = q.shape[-1] ** -0.5
   logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                       preferred_element_type=jnp.float32,
                       _dot_general=dot_general)                # float32 [b, h, q_len, kv_len]
+  if bias is not None:
+    logits = logits + bias
   if mask is not None:
     logits = jnp.where(mask, logits, _MASKED)
   weights = jax.nn.softmax(logits, axis=-1)                    # float32
@@ -52,6 +62,20 @@ def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None,
     weights = dropout(weights)
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype),
                     _dot_general=dot_general)                  # [b, q_len, h, d_v]
+
+
+def attention_weights(q, k, mask, bias=None):
+  """The softmax weights float32 [b, h, q_len, kv_len] that dot_product_attention applies (for
+  pictures: decode/attention.py captures them with `sow`)."""
+  groups = q.shape[2] // k.shape[2]
+  k = jnp.repeat(k, groups, axis=2) if groups > 1 else k
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32) * q.shape[-1] ** -0.5,
+                      k.astype(jnp.float32))
+  if bias is not None:
+    logits = logits + bias
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  return jax.nn.softmax(logits, axis=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -70,35 +94,45 @@ class MultiHeadAttention(nn.Module):
   param_dtype: Any = jnp.float32
   dot_general: Any = None       # for every matmul (None: lax.dot_general); see model/ops.py
   dropout_cls: Any = nn.Dropout
+  num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
+  rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(
         features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=self.dot_general)
     self.query = dense((self.num_heads, self.d_k))
-    self.key = dense((self.num_heads, self.d_k))
-    self.value = dense((self.num_heads, self.d_v))
+    kv_heads = self.num_kv_heads or self.num_heads
+    self.key = dense((kv_heads, self.d_k))
+    self.value = dense((kv_heads, self.d_v))
     self.out = dense(self.d_model, axis=(-2, -1))
     self.weights_dropout = self.dropout_cls(self.dropout_rate)
 
-  def project_kv(self, memory):
-    """memory [b, kv_len, d_model] -> (keys [b, kv_len, h, d_k], values [b, kv_len, h, d_v])."""
-    return self.key(memory), self.value(memory)
+  def project_kv(self, memory, positions=None):
+    """memory [b, kv_len, d_model] -> (keys [b, kv_len, g, d_k], values [b, kv_len, g, d_v]), g the
+    key/value heads; with rope, keys are rotated by positions int [b, kv_len]."""
+    k = self.key(memory)
+    return (positions_lib.rope(k, positions) if self.rope else k), self.value(memory)
 
-  def project_q(self, x):
-    """x [b, q_len, d_model] -> queries [b, q_len, h, d_k]."""
-    return self.query(x)
+  def project_q(self, x, positions=None):
+    """x [b, q_len, d_model] -> queries [b, q_len, h, d_k] (with rope, rotated by positions)."""
+    q = self.query(x)
+    return positions_lib.rope(q, positions) if self.rope else q
 
-  def heads(self, q, k, v, mask, deterministic=True):
-    """Queries [b, q, h, d_k] against keys [b, kv, h, d_k] and values [b, kv, h, d_v] -> [b, q, h, d_v]."""
+  def heads(self, q, k, v, mask, deterministic=True, bias=None):
+    """Queries [b, q, h, d_k] against keys [b, kv, g, d_k] and values [b, kv, g, d_v] -> [b, q, h, d_v]."""
     dropout = None
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
+    if self.is_mutable_collection("intermediates"):   # decode/attention.py asks; training never does
+      self.sow("intermediates", "attention_weights", attention_weights(q, k, mask, bias))
     return dot_product_attention(q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general,
-                                 dropout=dropout)
+                                 dropout=dropout, bias=bias)
 
-  def __call__(self, x, memory, mask, deterministic=True):
-    """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""
-    k, v = self.project_kv(memory)
-    return self.out(self.heads(self.project_q(x), k, v, mask, deterministic))
+  def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):
+    """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model].
+
+    positions int [b, len] (rope, self-attention only: x is memory); bias float [b, h, q_len, kv_len]."""
+    k, v = self.project_kv(memory, positions)
+    return self.out(self.heads(self.project_q(x, positions), k, v, mask, deterministic, bias))

@@ -11,6 +11,10 @@ import jax.numpy as jnp
 
 from kernels import CHOICES as KERNELS
 
+ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -57,6 +61,16 @@ class TransformerConfig:
   share_embeddings: bool = True        # one matrix: encoder input, decoder input, pre-softmax
   attention_bias: bool = True          # biases on the Q, K, V and output projections
   layer_norm_epsilon: float = 1e-6
+  # The family (docs/family.md). Defaults are the paper's; every other choice runs on model/'s
+  # reference pieces where kernels/ has no fast path for it (model/ops.py).
+  arch: str = "encoder_decoder"        # | "decoder_only" (causal LM, no cross-attention) | "encoder_only"
+  positions: str = "sinusoidal"        # | "learned" | "rope" | "alibi" | "relative" (T5's bucketed bias)
+  num_kv_heads: int | None = None      # key/value heads: None = num_heads (MHA), 1 = MQA, between = GQA
+  activation: str = "relu"             # FFN: | "gelu" | "swiglu" | "geglu" (gated: two input matrices)
+  norm: str = "layernorm"              # | "rmsnorm"
+  relative_buckets: int = 32           # positions="relative": buckets per stack (T5)
+  relative_max_distance: int = 128     # positions="relative": distances beyond share the last bucket
+  num_classes: int = 0                 # encoder_only: > 0 adds the pooled-output classification head
 
   def __post_init__(self):
     def fail(msg):
@@ -68,7 +82,7 @@ class TransformerConfig:
     for name in ("num_encoder_layers", "num_decoder_layers"):
       if int(getattr(self, name)) < 0:
         fail(f"{name} must be >= 0, got {getattr(self, name)}")
-    if self.num_decoder_layers == 0:
+    if self.num_decoder_layers == 0 and self.arch != "encoder_only":
       fail("num_decoder_layers must be >= 1")
     for name in ("d_k", "d_v"):
       value = getattr(self, name)
@@ -82,6 +96,21 @@ class TransformerConfig:
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         fail(f"{name} must be in [0, 1), got {rate}")
+    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS)
+    for name, allowed in choices.items():
+      if getattr(self, name) not in allowed:
+        fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
+    if self.learned_positions and self.positions not in ("sinusoidal", "learned"):
+      fail(f"learned_positions=True contradicts positions={self.positions!r}; use positions='learned' "
+           f"alone (learned_positions=True is the older spelling of it)")
+    if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
+      fail(f"num_kv_heads={self.num_kv_heads} must be positive and divide num_heads={self.num_heads}")
+    if self.positions == "rope" and self.head_dim_k % 2:
+      fail(f"positions='rope' rotates pairs of dimensions: d_k={self.head_dim_k} must be even")
+    if self.arch == "encoder_only" and self.num_encoder_layers == 0:
+      fail("arch='encoder_only' needs num_encoder_layers >= 1")
+    if self.num_classes < 0 or (self.num_classes and self.arch != "encoder_only"):
+      fail(f"num_classes={self.num_classes}: a classification head is for arch='encoder_only' only")
     if self.kernels not in KERNELS:
       fail(f"kernels={self.kernels!r} is not one of {list(KERNELS)}")
     as_dtype(self.dtype)
@@ -92,6 +121,29 @@ class TransformerConfig:
         fail(f"matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision rounds the "
              f"operands of float32 activations; with dtype={self.dtype!r} they are {self.dtype} already. "
              f"Leave matmul_dtype unset, or use dtype='float32'")
+
+  @property
+  def position_kind(self) -> str:
+    """positions, with the older learned_positions=True read as 'learned'."""
+    return "learned" if self.learned_positions else self.positions
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+  @property
+  def is_paper_family(self) -> bool:
+    """True when no family switch is set beyond what the paper's model (and kernels/) handle."""
+    return (self.arch == "encoder_decoder" and self.position_kind in ("sinusoidal", "learned")
+            and self.kv_heads == self.num_heads)
+
+  @property
+  def num_encoder_stack_layers(self) -> int:
+    return 0 if self.arch == "decoder_only" else self.num_encoder_layers
+
+  @property
+  def num_decoder_stack_layers(self) -> int:
+    return 0 if self.arch == "encoder_only" else self.num_decoder_layers
 
   @property
   def head_dim_k(self) -> int:
@@ -123,18 +175,33 @@ PRESETS = {"base": base, "big": big}
 def num_params(cfg: TransformerConfig) -> int:
   """Exact parameter count of the model `cfg` describes (what `init` creates), in closed form."""
   d, f, h, dk, dv = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
+  g = cfg.kv_heads
   bias = 1 if cfg.attention_bias else 0
-  # Q and K: d -> h*dk; V: d -> h*dv; output: h*dv -> d.
-  attention = 2 * (d * h * dk + bias * h * dk) + (d * h * dv + bias * h * dv) + (h * dv * d + bias * d)
-  ffn = d * f + f + f * d + d
-  norm = 2 * d
+  # Q: d -> h*dk; K: d -> g*dk; V: d -> g*dv; output: h*dv -> d.
+  attention = ((d * h * dk + bias * h * dk) + (d * g * dk + bias * g * dk) + (d * g * dv + bias * g * dv)
+               + (h * dv * d + bias * d))
+  inputs = 2 if cfg.activation in ("swiglu", "geglu") else 1
+  ffn = inputs * (d * f + f) + f * d + d
+  norm = 2 * d if cfg.norm == "layernorm" else d
   encoder_layer = attention + ffn + 2 * norm
-  decoder_layer = 2 * attention + ffn + 3 * norm
-  total = cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer
+  cross = 0 if cfg.arch == "decoder_only" else attention + norm
+  decoder_layer = attention + cross + ffn + 2 * norm
+  enc, dec = cfg.num_encoder_stack_layers, cfg.num_decoder_stack_layers
+  total = enc * encoder_layer + dec * decoder_layer
   embeddings = cfg.vocab_size * d
-  total += embeddings if cfg.share_embeddings else 3 * embeddings
-  if cfg.learned_positions:
-    total += 2 * cfg.max_len * d  # one table for the encoder, one for the decoder
+  stacks = 2 if cfg.arch == "encoder_decoder" else 1
+  if cfg.arch != "encoder_decoder":
+    total += embeddings if cfg.share_embeddings else 2 * embeddings   # input table (+ output matrix)
+  else:
+    total += embeddings if cfg.share_embeddings else 3 * embeddings
+  if cfg.position_kind == "learned":
+    total += stacks * cfg.max_len * d  # one table per stack
+  if cfg.position_kind == "relative":
+    total += stacks * cfg.relative_buckets * h
   if cfg.pre_norm:
-    total += (norm if cfg.num_encoder_layers else 0) + norm
+    total += (norm if enc else 0) + norm if cfg.arch == "encoder_decoder" else norm
+  if cfg.arch == "encoder_only":
+    total += d * d + d + norm + cfg.vocab_size     # MLM head: transform, norm, output bias
+    if cfg.num_classes:
+      total += d * d + d + d * cfg.num_classes + cfg.num_classes   # pooler, classifier
   return total

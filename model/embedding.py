@@ -34,7 +34,7 @@ class Embedder(nn.Module):
   d_model: int
   max_len: int
   dropout_rate: float
-  learned_positions: bool = False
+  position_kind: str = "sinusoidal"   # added here: "sinusoidal" | "learned"; others act inside attention
   shared: nn.Module | None = None
   vocab_size: int = 0
   dtype: Any = jnp.float32
@@ -47,7 +47,7 @@ class Embedder(nn.Module):
     else:
       self.table = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype, param_dtype=self.param_dtype,
                             embedding_init=nn.initializers.normal(stddev=self.d_model ** -0.5))
-    if self.learned_positions:
+    if self.position_kind == "learned":
       self.positions = nn.Embed(self.max_len, self.d_model, dtype=self.dtype,
                                 param_dtype=self.param_dtype,
                                 embedding_init=nn.initializers.normal(stddev=0.02))
@@ -56,8 +56,8 @@ class Embedder(nn.Module):
   def __call__(self, ids, positions, deterministic=True):
     """ids, positions: int [b, len]. Returns [b, len, d_model] in the compute dtype."""
     x = self.table(ids) * jnp.asarray(self.d_model ** 0.5, self.dtype)
-    if self.learned_positions:
+    if self.position_kind == "learned":
       x = x + self.positions(positions)
-    else:
+    elif self.position_kind == "sinusoidal":
       x = x + sinusoid(positions, self.d_model).astype(self.dtype)
     return self.dropout(x, deterministic=deterministic)

@@ -6,14 +6,19 @@ Pre-norm (switch):     x = x + Dropout(Sublayer(LayerNorm(x))), with a final Lay
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 
 from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
 from model.ops import ops_for
 
 
+_ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swiglu": nn.silu, "geglu": nn.gelu}
+
+
 class FeedForward(nn.Module):
-  """max(0, x W1 + b1) W2 + b2."""
+  """max(0, x W1 + b1) W2 + b2 (the paper); with activation="gelu" GELU in place of max(0, .);
+  the gated "swiglu" / "geglu" (Shazeer 2020) compute (act(x W1 + b1) * (x V + c)) W2 + b2."""
   cfg: TransformerConfig
 
   @nn.compact
@@ -22,21 +27,28 @@ class FeedForward(nn.Module):
     dense = lambda n, name: nn.Dense(n, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
                                      kernel_init=nn.initializers.xavier_uniform(),
                                      dot_general=ops.dot_general, name=name)
-    h = nn.relu(dense(cfg.d_ff, "wi")(x))                 # [b, len, d_ff]
+    h = _ACTIVATIONS[cfg.activation](dense(cfg.d_ff, "wi")(x))   # [b, len, d_ff]
+    if cfg.activation in ("swiglu", "geglu"):
+      h = h * dense(cfg.d_ff, "wi_linear")(x)
     h = ops.dropout(cfg.relu_dropout_rate, name="Dropout_0")(h, deterministic=deterministic)
     return dense(cfg.d_model, "wo")(h)                    # [b, len, d_model]
 
 
-def _attention(cfg: TransformerConfig):
+def _attention(cfg: TransformerConfig, cross: bool = False):
   ops = ops_for(cfg)
   return MultiHeadAttention(num_heads=cfg.num_heads, d_k=cfg.head_dim_k, d_v=cfg.head_dim_v,
                             d_model=cfg.d_model, use_bias=cfg.attention_bias,
                             dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.dtype),
                             param_dtype=as_dtype(cfg.param_dtype), dot_general=ops.dot_general,
-                            dropout_cls=ops.dropout)
+                            dropout_cls=ops.dropout, num_kv_heads=cfg.kv_heads,
+                            rope=cfg.position_kind == "rope" and not cross)
 
 
 def layer_norm(cfg: TransformerConfig, name=None):
+  """The norm cfg.norm names: LayerNorm (the paper) or RMSNorm (a scale, no centring, no bias)."""
+  if cfg.norm == "rmsnorm":
+    return nn.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.dtype),
+                      param_dtype=as_dtype(cfg.param_dtype), name=name)
   return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.dtype),
                       param_dtype=as_dtype(cfg.param_dtype), name=name)
 
@@ -64,15 +76,16 @@ class EncoderLayer(nn.Module):
     self.residual_attention = Residual(self.cfg)
     self.residual_ffn = Residual(self.cfg)
 
-  def __call__(self, x, mask, deterministic=True):
-    """x [b, src_len, d_model]; mask bool [b, 1, src_len, src_len]."""
+  def __call__(self, x, mask, deterministic=True, positions=None, bias=None):
+    """x [b, src_len, d_model]; mask bool [b, 1, src_len, src_len]; positions int [b, src_len] and
+    bias float [b, h, src_len, src_len] for the position switches (model/positions.py)."""
     x = self.residual_attention(
-        x, lambda y: self.self_attention(y, y, mask, deterministic), deterministic)
+        x, lambda y: self.self_attention(y, y, mask, deterministic, positions, bias), deterministic)
     return self.residual_ffn(x, lambda y: self.ffn(y, deterministic), deterministic)
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, encoder-decoder attention, FFN.
+  """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN.
 
   `__call__` is the teacher-forced pass over a whole target; `step` decodes one token per row using a
   key/value cache for self-attention and precomputed cross-attention keys/values (`Decoder.cross_kv`).
@@ -80,37 +93,64 @@ class DecoderLayer(nn.Module):
   cfg: TransformerConfig
 
   def setup(self):
+    self.has_cross = self.cfg.arch != "decoder_only"
     self.self_attention = _attention(self.cfg)
-    self.cross_attention = _attention(self.cfg)
+    if self.has_cross:
+      self.cross_attention = _attention(self.cfg, cross=True)
+      self.residual_cross = Residual(self.cfg)
     self.ffn = FeedForward(self.cfg)
     self.residual_self = Residual(self.cfg)
-    self.residual_cross = Residual(self.cfg)
     self.residual_ffn = Residual(self.cfg)
 
-  def __call__(self, x, enc_out, self_mask, cross_mask, deterministic=True):
-    """x [b, tgt_len, d_model]; enc_out [b, src_len, d_model]; masks bool [b, 1, q, k]."""
+  def __call__(self, x, enc_out, self_mask, cross_mask, deterministic=True, positions=None, bias=None):
+    """x [b, tgt_len, d_model]; enc_out [b, src_len, d_model] (None without cross-attention); masks
+    bool [b, 1, q, k]; positions int [b, tgt_len] and self-attention bias [b, h, tgt_len, tgt_len]."""
     x = self.residual_self(
-        x, lambda y: self.self_attention(y, y, self_mask, deterministic), deterministic)
-    x = self.residual_cross(
-        x, lambda y: self.cross_attention(y, enc_out, cross_mask, deterministic), deterministic)
+        x, lambda y: self.self_attention(y, y, self_mask, deterministic, positions, bias), deterministic)
+    if self.has_cross:
+      x = self.residual_cross(
+          x, lambda y: self.cross_attention(y, enc_out, cross_mask, deterministic), deterministic)
     return self.residual_ffn(x, lambda y: self.ffn(y, deterministic), deterministic)
 
-  def step(self, x, layer_cache, index, cross, src_mask, kv, context):
+  def prefill(self, x, layer_cache, mask, positions, bias):
+    """The teacher-forced pass over a prompt x [n, P, d_model] (decoder-only, plain cache) that also
+    writes its keys and values at positions 0..P-1 of layer_cache. Returns (y, new layer cache)."""
+    new = {}
+
+    def self_attend(y):
+      k, v = self.self_attention.project_kv(y, positions)               # [n, P, g, d]
+      q = self.self_attention.project_q(y, positions)
+      write = lambda cache, part: jax.lax.dynamic_update_slice_in_dim(cache, part.astype(cache.dtype),
+                                                                      0, axis=1)
+      new["k"], new["v"] = write(layer_cache["k"], k), write(layer_cache["v"], v)
+      return self.self_attention.out(self.self_attention.heads(q, k, v, mask, bias=bias))
+
+    x = self.residual_self(x, self_attend)
+    return self.residual_ffn(x, self.ffn), new
+
+  def step(self, x, layer_cache, index, cross, src_mask, kv, context, positions=None, bias=None,
+           key_mask=None):
     """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
 
     x: [n, 1, d_model], the embedded current tokens; layer_cache: this layer's part of the decoding
     cache; index: int32 scalar, the position being decoded (all rows decode in lockstep);
     cross: this layer's cross-attention keys and values from `kv.prepare_cross`; src_mask: bool
     [b, src_len]; kv: the decoding cache object (model/cache.py); context: from its `start_step`.
+    The position switches: positions int [n, 1] (rope), bias float [n, h, 1, L] over the cache's
+    positions, key_mask bool [n, 1, 1, L] (a decoder-only prompt's left padding).
     Returns (y [n, 1, d_model], new layer_cache).
     """
     new_cache = {}
+    attend = self.self_attention.heads
+    if bias is not None or key_mask is not None:
+      def attend(q, k, v, mask):
+        mask = mask if key_mask is None else mask & key_mask
+        return self.self_attention.heads(q, k, v, mask, bias=bias)
 
     def self_attend(y):
-      k_new, v_new = self.self_attention.project_kv(y)                 # [n, 1, h, d]
-      q = self.self_attention.project_q(y)                             # [n, 1, h, d_k]
-      heads, new_cache["layer"] = kv.attend_self(self.self_attention.heads, q, k_new, v_new,
-                                                 layer_cache, index, context)
+      k_new, v_new = self.self_attention.project_kv(y, positions)      # [n, 1, g, d]
+      q = self.self_attention.project_q(y, positions)                  # [n, 1, h, d_k]
+      heads, new_cache["layer"] = kv.attend_self(attend, q, k_new, v_new, layer_cache, index, context)
       return self.self_attention.out(heads).reshape(y.shape)
 
     def cross_attend(y):
@@ -123,6 +163,7 @@ class DecoderLayer(nn.Module):
       return self.cross_attention.out(heads).reshape(n, 1, -1)
 
     x = self.residual_self(x, self_attend)
-    x = self.residual_cross(x, cross_attend)
+    if self.has_cross:
+      x = self.residual_cross(x, cross_attend)
     x = self.residual_ffn(x, self.ffn)
     return x, new_cache["layer"]

@@ -68,14 +68,19 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   mixed = matmul if matmul is not None and matmul != dtype else None   # operands rounded below dtype
   shape = dict(num_layers=cfg.num_decoder_layers, num_heads=cfg.num_heads, d_k=cfg.head_dim_k,
                d_v=cfg.head_dim_v, dtype=dtype)
+  # The family switches (decoder-only prefill, fewer key/value heads, positions inside attention) decode
+  # with the plain cache: the CPU caches lay out num_heads heads and attend without a bias.
+  plain_cache = lambda beam_slots: KVCache(**dict(shape, num_heads=cfg.kv_heads))
   if kernels.resolve(cfg.kernels) == "cpu":
     def cache(beam_slots):
+      if not cfg.is_paper_family:
+        return plain_cache(beam_slots)
       kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
       return kind(**shape, matmul_dtype=mixed)
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed), dropout=dropout16.Dropout, cache=cache,
                decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),
-               decoding_logits=output_layer.logits, fused_loss=True)
+               decoding_logits=output_layer.logits, fused_loss=cfg.arch != "encoder_only")
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=lambda beam_slots: KVCache(**shape),
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=plain_cache,
              decoding_weights=lambda table: table,
              decoding_logits=functools.partial(_reference_logits, dot_general), fused_loss=False)

@@ -19,8 +19,10 @@ import jax.numpy as jnp
 from model.attention import causal_mask, segment_mask
 from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
+from model.heads import ClassificationHead, MaskedLMHead
 from model.layers import DecoderLayer, EncoderLayer, layer_norm
 from model.ops import ops_for
+from model.positions import RelativeBias, alibi_bias
 
 
 def _segments_and_positions(ids, segments, positions):
@@ -32,16 +34,41 @@ def _segments_and_positions(ids, segments, positions):
   return segments, positions
 
 
+def _embedder(cfg: TransformerConfig, shared):
+  return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.position_kind, shared, cfg.vocab_size,
+                  as_dtype(cfg.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
+
+
+class PositionBias(nn.Module):
+  """The self-attention score bias of positions="alibi" or "relative" (one per stack, shared by its
+  layers); None for the other position kinds."""
+  cfg: TransformerConfig
+  bidirectional: bool
+
+  def setup(self):
+    cfg = self.cfg
+    if cfg.position_kind == "relative":
+      self.relative = RelativeBias(cfg.num_heads, self.bidirectional, cfg.relative_buckets,
+                                   cfg.relative_max_distance, as_dtype(cfg.param_dtype))
+
+  def __call__(self, q_positions, k_positions):
+    """q_positions int [b, q], k_positions int [b, k] -> float32 [b, h, q, k] or None."""
+    if self.cfg.position_kind == "alibi":
+      return alibi_bias(q_positions, k_positions, self.cfg.num_heads)
+    if self.cfg.position_kind == "relative":
+      return self.relative(q_positions, k_positions)
+    return None
+
+
 class Encoder(nn.Module):
   cfg: TransformerConfig
   shared_embedding: nn.Module | None = None
 
   def setup(self):
     cfg = self.cfg
-    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
-                          self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
-                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
+    self.embed = _embedder(cfg, self.shared_embedding)
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.position_bias = PositionBias(cfg, bidirectional=True)
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
 
@@ -49,8 +76,9 @@ class Encoder(nn.Module):
     """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
     x = self.embed(src, src_positions, deterministic)
     mask = segment_mask(src_segments, src_segments)            # [b, 1, src_len, src_len]
+    bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
     for layer in self.layers:
-      x = layer(x, mask, deterministic)
+      x = layer(x, mask, deterministic, src_positions, bias)
     return self.final_norm(x) if self.cfg.pre_norm else x
 
 
@@ -60,10 +88,9 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
-                          self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
-                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
+    self.embed = _embedder(cfg, self.shared_embedding)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.position_bias = PositionBias(cfg, bidirectional=False)
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
 
@@ -71,13 +98,33 @@ class Decoder(nn.Module):
     return self.final_norm(x) if self.cfg.pre_norm else x
 
   def __call__(self, tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic=True):
-    """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer)."""
+    """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer).
+    Without cross-attention (decoder-only) enc_out and src_segments are None."""
     x = self.embed(tgt_in, tgt_positions, deterministic)
     self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
-    cross_mask = segment_mask(tgt_segments, src_segments)      # [b, 1, tgt_len, src_len]
+    cross_mask = None if enc_out is None else segment_mask(tgt_segments, src_segments)  # [b,1,tgt,src]
+    bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
     for layer in self.layers:
-      x = layer(x, enc_out, self_mask, cross_mask, deterministic)
+      x = layer(x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)
+
+  def prefill(self, prompt, cache):
+    """Decoder-only: runs a prompt int [n, P], left-padded with 0, through the stack in one pass and
+    writes its keys and values into a plain cache (positions 0..P-1). Returns (outputs of its last
+    position [n, d_model], cache at index P with 'offset' [n] = each row's left padding)."""
+    n, length = prompt.shape
+    offset = length - jnp.sum(prompt != 0, axis=1).astype(jnp.int32)              # [n]
+    positions = jnp.maximum(jnp.arange(length, dtype=jnp.int32)[None] - offset[:, None], 0)
+    segments = (prompt != 0).astype(jnp.int32)
+    x = self.embed(prompt, positions)
+    mask = segment_mask(segments, segments) & causal_mask(length)
+    bias = self.position_bias(positions, positions)
+    new_layers = []
+    for layer, layer_cache in zip(self.layers, cache["layers"]):
+      x, new_layer_cache = layer.prefill(x, layer_cache, mask, positions, bias)
+      new_layers.append(new_layer_cache)
+    cache = {"index": cache["index"] + length, "offset": offset, "layers": new_layers}
+    return self._finish(x)[:, -1], cache
 
   def cross_kv(self, enc_out, kv):
     """Per layer, the cross-attention keys and values of enc_out, stored as the cache `kv` reads them."""
@@ -88,12 +135,30 @@ class Decoder(nn.Module):
     made `cache`. Returns (outputs [n, d_model], new cache)."""
     index = cache["index"][0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
+    key_mask = None
+    if "offset" in cache:       # a decoder-only prompt, left-padded by offset [n]
+      positions = positions - cache["offset"][:, None]
+      length = cache["layers"][0]["k"].shape[1]
+      key_positions = jnp.arange(length, dtype=jnp.int32)[None] - cache["offset"][:, None]   # [n, L]
+      key_mask = (key_positions >= 0)[:, None, None, :]                                      # [n,1,1,L]
+    else:
+      key_positions = None
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
-    new_cache, context = kv.start_step(cache, index, src_mask.shape[0])
+    bias = None
+    if self.cfg.position_kind in ("alibi", "relative"):
+      if key_positions is None:
+        length = cache["layers"][0]["k"].shape[1]
+        key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (ids.shape[0], length))
+      bias = self.position_bias(positions, key_positions)       # [n, h, 1, L]
+    new_cache, context = kv.start_step(cache, index, ids.shape[0] if src_mask is None else src_mask.shape[0])
     new_cache["index"] = cache["index"] + 1
+    if "offset" in cache:
+      new_cache["offset"] = cache["offset"]
     new_layers = []
+    cross = cross if cross is not None else [None] * len(self.layers)
     for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
-      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, kv, context)
+      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, kv, context,
+                                      positions, bias, key_mask)
       new_layers.append(new_layer_cache)
     new_cache["layers"] = new_layers
     return self._finish(x)[:, 0], new_cache
@@ -111,11 +176,17 @@ class Transformer(nn.Module):
                         embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5),
                         name="shared_embedding")
       self.shared_embedding = shared
+    else:
+      shared = None
+    if cfg.arch != "decoder_only":
       self.encoder = Encoder(cfg, shared)
+    if cfg.arch != "encoder_only":
       self.decoder = Decoder(cfg, shared)
     else:
-      self.encoder = Encoder(cfg)
-      self.decoder = Decoder(cfg)
+      self.mlm_head = MaskedLMHead(cfg)
+      if cfg.num_classes:
+        self.classifier = ClassificationHead(cfg)
+    if not cfg.share_embeddings:
       # Operands in the compute dtype, products accumulated and returned in float32.
       self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype,
                                         param_dtype=param_dtype, dot_general=ops.float32_dot_general,
@@ -125,11 +196,15 @@ class Transformer(nn.Module):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
     # The matmul reads its inputs in the compute dtype but accumulates and returns float32, so the
     # softmax and the loss are float32 even when the model computes in bfloat16.
+    if self.cfg.arch == "encoder_only":
+      y = self.mlm_head(y)
     if self.cfg.share_embeddings:
-      return jnp.einsum("...d,vd->...v", y.astype(as_dtype(self.cfg.dtype)), self.output_table(),
+      logits = jnp.einsum("...d,vd->...v", y.astype(as_dtype(self.cfg.dtype)), self.output_table(),
                         preferred_element_type=jnp.float32,
                         _dot_general=ops_for(self.cfg).dot_general or jax.lax.dot_general)
-    return self.output_projection(y)
+    else:
+      logits = self.output_projection(y)
+    return self.mlm_head.add_bias(logits) if self.cfg.arch == "encoder_only" else logits
 
   def output_table(self):
     """The pre-softmax weights as [vocab, d_model] in the compute dtype: logits = y @ table^T."""
@@ -150,6 +225,11 @@ class Transformer(nn.Module):
       self.output_projection(y[:, :1])   # creates its parameters when init goes through here
     return y.astype(as_dtype(self.cfg.dtype)), self.output_table()
 
+  def classify(self, src, src_segments=None, src_positions=None, deterministic=True):
+    """Encoder-only with num_classes: src int [b, src_len] -> float32 class logits [b, num_classes],
+    from the pooled output (the first position's encoding, as BERT pools its [CLS])."""
+    return self.classifier(self.encode(src, src_segments, src_positions, deterministic), deterministic)
+
   def encode(self, src, src_segments=None, src_positions=None, deterministic=True):
     """src int [b, src_len] -> enc_out [b, src_len, d_model]."""
     src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
@@ -157,15 +237,23 @@ class Transformer(nn.Module):
 
   def _teacher_forced(self, src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
                       deterministic):
-    """Encoder then decoder over whole sequences: decoder outputs [b, tgt_len, d_model]."""
-    src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
-    enc_out = self.encoder(src, src_segments, src_positions, deterministic)
+    """Encoder then decoder over whole sequences: decoder outputs [b, tgt_len, d_model]. Decoder-only
+    reads tgt_* alone (src may be None); encoder-only reads src_* alone and returns encoder outputs."""
+    enc_out = None
+    if self.cfg.arch != "decoder_only":
+      src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
+      enc_out = self.encoder(src, src_segments, src_positions, deterministic)
+    if self.cfg.arch == "encoder_only":
+      return enc_out
     tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
     return self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
 
   def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
-    """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab]."""
+    """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab].
+
+    arch="decoder_only": logits over tgt_in (src unused, may be None); arch="encoder_only": masked-LM
+    logits over src [b, src_len, vocab] (tgt_in unused, may be None)."""
     return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
                                             tgt_positions, deterministic))
 
@@ -174,8 +262,16 @@ class Transformer(nn.Module):
     the cross-attention keys and values of enc_out [b, src_len, d_model] ('cross', laid out as the
     decoding cache reads them), and the pre-softmax weights ('output')."""
     ops = ops_for(self.cfg)
+    if self.cfg.arch == "decoder_only":   # nothing to cross-attend to; enc_out may be None
+      return {"output": ops.decoding_weights(self.output_table())}
     return {"cross": self.decoder.cross_kv(enc_out, ops.cache(False)),   # same for every cache kind
             "output": ops.decoding_weights(self.output_table())}
+
+  def prefill(self, prompt, cache, memory):
+    """Decoder-only: a prompt int [n, P] (left-padded with 0) in one cached pass. Returns (logits
+    float32 [n, vocab] for the token after the prompt, cache ready for decode_step at index P)."""
+    y, cache = self.decoder.prefill(prompt, cache)
+    return ops_for(self.cfg).decoding_logits(y, memory["output"]), cache
 
   def decode_step(self, ids, cache, memory, src_mask):
     """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
@@ -184,7 +280,7 @@ class Transformer(nn.Module):
     leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
     """
     ops = ops_for(self.cfg)
-    y, cache = self.decoder.step(ids, cache, memory["cross"], src_mask,
+    y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
                                  ops.cache("slot_history" in cache))
     return ops.decoding_logits(y, memory["output"]), cache
 
@@ -198,9 +294,14 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
   asks for a cache that beam search reorders with `reorder_cache` only (the CPU kernels keep keys and
   values in place).
   """
-  if max_len > cfg.max_len and cfg.learned_positions:
+  if max_len > cfg.max_len and cfg.position_kind == "learned":
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
-  return ops_for(cfg).cache(beam_slots).init(batch_size, max_len)
+  if cfg.arch == "encoder_only":
+    raise ValueError("arch='encoder_only' has no decoder to decode with")
+  cache = ops_for(cfg).cache(beam_slots).init(batch_size, max_len)
+  if cfg.arch == "decoder_only":
+    cache["offset"] = jnp.zeros((batch_size,), jnp.int32)   # left padding of the prompt (prefill)
+  return cache
 
 
 def reorder_cache(cfg: TransformerConfig, cache, rows):
