@@ -81,6 +81,7 @@ def get_config(arg=None):
       checkpoint_every_minutes=10.0,
       keep_checkpoints=5,
       init_checkpoint="",          # "RUN_DIR[:STEP|:averaged]": start from its parameters (if no checkpoint)
+      reset_optimizer=False,       # resume with a fresh optimizer state (keeps params, step, data position)
       dev_sentences=300,           # dev pairs used by periodic evals (loss and BLEU; 0: all)
       test_bleu=True,              # at the end: test-set sacreBLEU and sample translations
       test_sentences=0,            # test pairs scored at the end (0: all)

@@ -5,6 +5,10 @@
     python -m train --config.train.num_steps=5000 --config.model.num_encoder_layers=4
 
 Rerunning a command resumes its run directory. A misspelled --config.* key is an error.
+
+Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m train.launch`,
+each process joins the job by itself; by hand, give every process the same --coordinator_address and
+--num_processes and its own --process_id (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
 
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "experiment file[:arg]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: the config's workdir)")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                                 "join a multi-process job: auto (when launched as one), on (always; JAX "
+                                 "detects the cluster, e.g. a TPU pod slice), off")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (manual launch)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the job (manual launch)")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index, 0..num_processes-1")
 
 
 def main(argv):
@@ -29,6 +39,12 @@ def main(argv):
   import jax
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  from train import multihost
+  try:
+    multihost.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as error:
+    raise app.UsageError(str(error)) from None
+  from train.checkpoint import CheckpointMismatch
   from train.train import NonFiniteError, train_and_evaluate
   from train.run_dir import RunDirLocked
 
@@ -36,10 +52,10 @@ def main(argv):
   workdir = _WORKDIR.value or config.workdir
   try:
     outcome = train_and_evaluate(config, workdir)
-  except (NonFiniteError, RunDirLocked) as error:
+  except (NonFiniteError, RunDirLocked, CheckpointMismatch) as error:
     print(f"[train] error: {error}", file=sys.stderr)
     sys.exit(1)
-  if outcome.interrupted:
+  if outcome.interrupted or not multihost.is_primary():
     return
   print()
   if outcome.eval:
