@@ -91,3 +91,30 @@ def test_a_data_position_from_the_device_dependent_order_is_refused():
   assert iterator.get_state() == {"epoch": 0, "index": 3, "order": ORDER}
   one = BatchIterator(src, tgt, max_len=32, batch_tokens=256, row_multiple=1, seed=0)
   one.set_state({"epoch": 0, "index": 3})   # one device, no accumulation: the old order was this one
+
+
+def test_a_readable_checkpoint_that_does_not_fit_is_never_moved(tmp_path):
+  from train import step as step_lib
+  import optax
+  mesh = step_lib.make_mesh()
+  params = {"dense": {"kernel": np.ones((8, 8), np.float32), "bias": np.zeros((3,), np.float32)}}
+  manager = ckpt.make_manager(tmp_path)
+  for step in (2, 4):
+    ckpt.save(manager, step, params, optax.adam(1e-3).init(params), {"step": step})
+  manager.wait_until_finished()
+
+  def abstract(tree):
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+  wider = {"dense": {"kernel": np.ones((8, 16), np.float32), "bias": np.zeros((3,), np.float32)}}
+  with pytest.raises(ckpt.CheckpointMismatch, match=r"dense/kernel \(8, 8\) float32 vs \(8, 16\) float32"):
+    ckpt.restore_latest(tmp_path, manager, abstract(wider), abstract(optax.adam(1e-3).init(wider)))
+  clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)).init(params)
+  with pytest.raises(ckpt.CheckpointMismatch, match=r"only in the checkpoint: 0/count, 0/mu/dense/bias"):
+    ckpt.restore_latest(tmp_path, manager, abstract(params), abstract(clipped))
+  assert sorted(manager.all_steps()) == [2, 4] and not (tmp_path / ckpt.UNREADABLE).exists()
+  got, opt_state, meta, manager = ckpt.restore_latest(tmp_path, manager, abstract(params), abstract(clipped),
+                                                      reset_optimizer=True)
+  assert meta["step"] == 4 and opt_state is None
+  np.testing.assert_array_equal(jax.device_get(got["dense"]["kernel"]), params["dense"]["kernel"])
+  manager.close()

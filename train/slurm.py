@@ -197,7 +197,12 @@ class SlurmTrial:
     return self.returncode
 
   def send_signal(self, sig) -> None:
-    """The sweep stops watching; the job stays with SLURM (rerun the sweep to watch it again)."""
+    """The sweep stops watching (the trial counts as interrupted); the job stays with SLURM, and
+    rerunning the sweep watches it again."""
+    if self.returncode is None:
+      self.returncode = 1
+      self.log.write(f"[sweep] stopped watching SLURM job {self.job_id}; it goes on\n")
+      self.log.flush()
 
   def wait(self):
     return self.returncode
