@@ -118,3 +118,26 @@ def test_a_readable_checkpoint_that_does_not_fit_is_never_moved(tmp_path):
   assert meta["step"] == 4 and opt_state is None
   np.testing.assert_array_equal(jax.device_get(got["dense"]["kernel"]), params["dense"]["kernel"])
   manager.close()
+
+
+@pytest.mark.slow
+def test_a_run_resumes_on_another_number_of_devices_with_the_same_batches(tmp_path):
+  from test_train import finish, trainer
+  settings = ["train.schedule=inverse_sqrt", "train.log_every=1", "train.checkpoint_every_steps=4",
+              "train.checkpoint_every_minutes=0"]
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  whole.mkdir()
+  part.mkdir()
+  uninterrupted = trainer(whole, *settings, "train.num_steps=8", devices=8)
+  code, out = finish(trainer(part, *settings, "train.num_steps=4", devices=8), timeout=400)
+  assert code == 0, out
+  code, out = finish(trainer(part, *settings, "train.num_steps=8", devices=2), timeout=400)  # 8 -> 2 devices
+  assert code == 0 and "resumed" in out, out
+  code, out = finish(uninterrupted, timeout=400)
+  assert code == 0, out
+  a = [l for l in metrics_io.read_metrics(part) if "train/loss" in l]
+  b = [l for l in metrics_io.read_metrics(whole) if "train/loss" in l]
+  assert [l["step"] for l in a] == [l["step"] for l in b] == list(range(1, 9))
+  for x, y in zip(a, b):
+    assert x["train/tokens"] == y["train/tokens"]                     # the same batches...
+    assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-4)  # ...summed over other devices
