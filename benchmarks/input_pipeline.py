@@ -17,7 +17,7 @@ import pathlib
 import tempfile
 import time
 
-from train import config_io
+import experiments
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
 
@@ -34,9 +34,10 @@ def main(argv=None) -> None:
   parser.add_argument("--batches", type=int, default=500, help="batches assembled per mode")
   parser.add_argument("--out", default=str(OUT))
   args, overrides = parser.parse_known_args(argv)
-  config = config_io.load_experiment(args.config)
-  config_io.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
-  from data import get_vocab, load_pairs
+  config = experiments.load_experiment(args.config)
+  experiments.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
+  from data import load_pairs
+  from run import get_vocab
   from data.batching import BatchIterator, tokenize
 
   dc = config.data

@@ -22,7 +22,7 @@ installed are reported as absent. Prints a table and writes benchmarks/results/t
   utilisation.
 - Decoding: target tokens/s for greedy and beam 4 on --decode_batch sentences of --src_len tokens, with
   exactly --decode_len generated tokens per sentence (eos suppressed by a minimum length), on one set of
-  random weights exported to the peers by decode/export.py. Ours is decode/translate.py's search with
+  random weights exported to the peers by export/. Ours is decode/translate.py's search with
   the sentences split over one CPU device per core (as `python -m decode` runs it), in float32 and with
   bfloat16 matmuls (ours_bf16); Hugging Face also under torch.autocast (hf_bf16); CTranslate2 float32
   (its CPU build offers no bfloat16 here). CTranslate2 and PyTorch use --threads intra-op threads.
@@ -237,7 +237,7 @@ def decode_ours(args, params, src, matmul_dtype=None) -> dict:
   0) and beam search with min_len = max_len, the sentences split over every local device.
   matmul_dtype="bfloat16": the same float32 weights with bfloat16 matmul operands (mixed precision).
   Returns {mode: (run, info)}: run() decodes the batch once."""
-  from decode.translate import _search_fn, device_mesh
+  from decode.translate import search_fn, device_mesh
   cfg = model_config(args).replace(matmul_dtype=matmul_dtype)
   n = args.decode_len
   mesh = device_mesh()
@@ -251,7 +251,7 @@ def decode_ours(args, params, src, matmul_dtype=None) -> dict:
   parts = {}
   for name, beam in (("greedy", 1), (f"beam{args.beam_size}", args.beam_size)):
     sampling = (("temperature", 0.0),) if beam == 1 else ()
-    fn = _search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
+    fn = search_fn(cfg, beam, 0.6, n, n, sampling, mesh)
     start = time.perf_counter()
     compiled = fn.lower(params, src, limits, key).compile()
     compile_s = time.perf_counter() - start
@@ -438,16 +438,16 @@ def main(argv=None):
 
     def ct2_part(tmp):
       import ctranslate2  # noqa: F401  (absent peer -> ImportError here)
-      from decode import export
-      out = export.save_ctranslate2(export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
+      from export import ctranslate2 as ct2_export
+      out = ct2_export.save_ctranslate2(ct2_export.ctranslate2_spec(params, cfg, vocab, pieces), tmp + "/ct2")
       return decode_ct2(args, out, src, pieces)
 
     exported = {}
 
     def hf_part(tmp, autocast=False):
-      from decode import export
+      from export import hf as hf_export
       if "hf" not in exported:
-        exported["hf"] = export.to_marian(params, cfg, vocab)
+        exported["hf"] = hf_export.to_marian(params, cfg, vocab)
       return decode_hf(args, exported["hf"], src, autocast)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,12 +1,12 @@
 """Text -> token batches: the embedded corpus, TFDS corpora and your own files, one shared vocabulary.
 
-    vocab = get_vocab(config.data, workdir)
+    vocab = run.get_vocab(config.data, workdir)   # the run directory's vocab.model (run/)
     train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)  # pads only
     dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
 """
 from data.batching import BatchIterator, assemble, bucket_lengths, plan_buckets, rows_for, tokenize
 from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
-from data.vocab import Vocab, check_vocab, get_vocab
+from data.vocab import BOS, EOS, PAD, UNK, Vocab, check_vocab
 
 
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):
@@ -41,5 +41,6 @@ def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=
   return out
 
 
-__all__ = ["BatchIterator", "DataError", "Vocab", "check_config", "check_vocab", "get_vocab", "load_pairs",
+__all__ = ["BOS", "EOS", "PAD", "UNK", "BatchIterator", "DataError", "Vocab", "check_config", "check_vocab",
+           "load_pairs",
            "make_eval_batches", "make_train_iterator"]

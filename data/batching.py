@@ -20,7 +20,7 @@ from data.vocab import BOS, EOS
 # Names how BatchIterator forms batches (saved with its position; see BatchIterator.set_state).
 ORDER = "pairs-by-batch_tokens"
 
-KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
 def bucket_lengths(max_len: int) -> list[int]:
@@ -58,7 +58,7 @@ def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str =
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
-  return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in KEYS}
+  return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in BATCH_KEYS}
 
 
 def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):

@@ -23,6 +23,7 @@ class Vocab:
   def __init__(self, model_bytes: bytes, path: str = "<memory>"):
     self.path = str(path)
     self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    self.model_bytes = model_bytes   # the serialized SentencePiece model (what vocab.model holds)
     self.fingerprint = hashlib.sha256(model_bytes).hexdigest()[:16]
     ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
     if ids != (PAD, UNK, BOS, EOS):
@@ -30,6 +31,10 @@ class Vocab:
                        f"{(PAD, UNK, BOS, EOS)}; train the vocabulary with data.vocab.train_vocab")
 
   pad_id, unk_id, bos_id, eos_id = PAD, UNK, BOS, EOS
+
+  def id_to_piece(self, token_id: int) -> str:
+    """The SentencePiece piece (token string) of one id, e.g. '▁house'."""
+    return self._sp.id_to_piece(int(token_id))
 
   @classmethod
   def load(cls, path) -> "Vocab":
@@ -87,21 +92,3 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
       input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
       minloglevel=2)
   return writer.getvalue()
-
-
-def get_vocab(data_config, workdir) -> Vocab:
-  """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
-  path = pathlib.Path(workdir) / VOCAB_FILE
-  if path.exists():
-    return Vocab.load(path)
-  from data.sources import load_pairs
-  pairs = load_pairs(data_config, "train")
-  texts = [side for pair in pairs for side in pair]
-  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
-                      sample_sentences=int(data_config.vocab_sample_sentences),
-                      model_type=data_config.get("vocab_model_type", "bpe"))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_bytes(model)
-  os.replace(tmp, path)
-  return Vocab(model, path)

@@ -15,14 +15,7 @@ import os
 import pathlib
 import sys
 
-
-def _checkpoint_arg(text: str):
-  if text == "averaged":
-    return text
-  try:
-    return int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number or 'averaged'") from None
+from decode import DEFAULTS
 
 
 def _read_lines(path: str, what: str) -> list[str]:
@@ -38,16 +31,13 @@ def _read_lines(path: str, what: str) -> list[str]:
     raise SystemExit(f"{what} {path}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
 
 
-def _write_atomically(path: str, text: str) -> None:
+def _write_output(path: str, text: str) -> None:
   if path == "-":
     sys.stdout.write(text)
     sys.stdout.flush()
-    return
-  target = pathlib.Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = target.with_name(target.name + ".tmp")
-  tmp.write_text(text, encoding="utf-8")
-  os.replace(tmp, target)
+  else:
+    from run.workdir import write_atomically
+    write_atomically(path, text)
 
 
 def use_cpu_devices(count: int) -> None:
@@ -64,8 +54,8 @@ def main(argv=None) -> None:
                                    epilog=__doc__.split("\n", 1)[1],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="run directory written by `python -m train`")
-  parser.add_argument("--checkpoint", type=_checkpoint_arg, default=None,
-                      help="a step number or 'averaged' (default: the newest checkpoint)")
+  parser.add_argument("--checkpoint", default=None,
+                      help="a step number, 'averaged' or 'latest' (the default)")
   parser.add_argument("--input", required=True, help="source text, one sentence per line ('-': stdin)")
   parser.add_argument("--output", default="-", help="translations ('-': stdout, the default)")
   parser.add_argument("--beam_size", type=int, default=None,
@@ -94,12 +84,19 @@ def main(argv=None) -> None:
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   args = parser.parse_args(argv)
   use_cpu_devices(args.cpu_devices)
-  from train.config_io import load_run_config
+  # JAX reads the device count when it starts: import what pulls it in only now.
+  import run
+  from decode.bleu import paper_bleu, sacrebleu_score
+  from decode.translate import translate
   try:
-    run_decode = load_run_config(args.workdir).decode
+    args.checkpoint = run.checkpoint_arg(args.checkpoint)
+  except argparse.ArgumentTypeError as error:
+    parser.error(str(error))
+  try:
+    run_decode = run.load_run_config(args.workdir).decode
   except FileNotFoundError as e:
     raise SystemExit(f"--workdir {args.workdir}: {e}") from None
-  for key, fallback in (("beam_size", 4), ("alpha", 0.6), ("max_extra_len", 50), ("batch_tokens", 4096)):
+  for key, fallback in DEFAULTS.items():
     if getattr(args, key) is None:
       setattr(args, key, type(fallback)(run_decode.get(key, fallback)))
   if args.beam_size < 1 or not 1 <= args.nbest <= args.beam_size:
@@ -117,16 +114,14 @@ def main(argv=None) -> None:
     raise SystemExit(f"--reference {args.reference} has {len(references)} lines but --input "
                      f"{args.input} has {len(sources)}; they must be line-aligned")
 
-  from decode.export import load_run
-  from decode.translate import translate
-  from model import Transformer
-  cfg, params, vocab, _, config, step = load_run(args.workdir, args.checkpoint)
+  opened = run.load_run(args.workdir, args.checkpoint)
+  step = opened.step
   batch_tokens = args.batch_tokens
   where = f"{args.workdir} step {step}" + (" (averaged)" if args.checkpoint == "averaged" else "")
   how = (f"beam {args.beam_size}, alpha {args.alpha}" if sampling is None else
          f"sampling {sampling}, seed {args.seed}")
   print(f"[decode] {len(sources)} sentences with {where}, {how}", file=sys.stderr)
-  out = translate(Transformer(cfg), params, vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
+  out = translate(opened.model, opened.params, opened.vocab, sources, beam_size=args.beam_size, alpha=args.alpha,
                   max_extra_len=args.max_extra_len, batch_tokens=batch_tokens, nbest=args.nbest,
                   min_len=args.min_len, sampling=sampling, seed=args.seed, progress=True)
   if args.nbest == 1:
@@ -135,9 +130,8 @@ def main(argv=None) -> None:
     hyps = [h[0][0] for h in out]
     text = "".join(f"{i}\t{rank}\t{score:.4f}\t{hyp}\n" for i, hyp_list in enumerate(out, 1)
                    for rank, (hyp, score) in enumerate(hyp_list, 1))
-  _write_atomically(args.output, text)
+  _write_output(args.output, text)
   if references is not None:
-    from decode.bleu import paper_bleu, sacrebleu_score
     score, signature = sacrebleu_score(hyps, references)
     print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
     print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}",

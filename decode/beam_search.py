@@ -8,7 +8,7 @@
 [b * k, vocab]. Every array leaf of `cache` has leading dimension b; the search tiles it to b * k and
 reorders it by parent hypothesis after every step, so the callback may keep per-hypothesis state there.
 A cache that knows a cheaper way to follow the parents passes `reorder(cache, rows) -> cache` (new row i
-continues old row rows[i]); model.reorder_cache keeps the keys and values in place that way.
+continues old row rows[i]); model.reorder_cache can keep the keys and values in place that way.
 
 Scores: the sum of the token log-probabilities (eos included) divided by the GNMT length penalty
 ((5 + length) / 6) ** alpha, length counting eos (Wu et al. 2016; the paper uses alpha = 0.6).

@@ -20,12 +20,14 @@ import tqdm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import bucket_lengths
+from data.vocab import BOS, EOS
+from decode import DEFAULTS
 from decode import beam_search as beam_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 
 
-def _bucket(length: int) -> int:
+def bucket_length(length: int) -> int:
   """8, 12, 16, 24, 32, 48, 64, 96, ... (data.batching's buckets): padding wastes at most a third, and
   few shapes compile."""
   return next(b for b in bucket_lengths(1 << 30) if b >= length)
@@ -35,7 +37,7 @@ def _pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _rows(count: int, max_rows: int) -> int:
+def batch_rows(count: int, max_rows: int) -> int:
   """Rows for a batch of `count` sentences: max_rows (one shape per bucket, so one compile), or for a
   bucket that is one small batch, the next power of two (a single short sentence stays cheap)."""
   rows = 1
@@ -54,7 +56,7 @@ def device_mesh(devices=None) -> Mesh:
 
 
 @functools.lru_cache(maxsize=None)
-def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
+def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int, steps: int,
                sampling: tuple = (), mesh: Mesh | None = None):
   """The jitted encode + search for one model config and search setting: beam search, or with
   `sampling` (sorted (name, value) pairs of decode.sampling.sample's settings) one sample per sentence.
@@ -73,25 +75,23 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
       rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
-    cross = model.apply(variables, enc_out, method="cross_kv")
+    memory = model.apply(variables, enc_out, method="prepare_decoding")   # once per batch
     src_mask = src != 0
 
-    kernel = model.apply(variables, method="output_kernel")     # transposed once, not every step
-
     def tokens_to_logits(ids, cache):
-      return model.apply(variables, ids, cache, cross, src_mask, kernel, method="decode_step")
+      return model.apply(variables, ids, cache, memory, src_mask, method="decode_step")
 
-    # Beam search leaves the keys and values where they were written (no per-step reorder copy).
+    # Beam search may keep the keys and values where they were written (no per-step reorder copy).
     cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
-          eos_id=3, bos_id=2, min_len=min_len, **dict(sampling))
+          eos_id=EOS, bos_id=BOS, min_len=min_len, **dict(sampling))
       return seqs[:, None], scores[:, None]
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
-        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=3, bos_id=2, alpha=alpha,
-        min_len=min_len, reorder=reorder_cache)
+        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=BOS, alpha=alpha,
+        min_len=min_len, reorder=functools.partial(reorder_cache, cfg))
 
   if not sharded:
     return jax.jit(search)
@@ -100,8 +100,9 @@ def _search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: in
                                check_vma=False))
 
 
-def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_extra_len=50,
-              batch_tokens=4096, nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
+def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
+              alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
+              batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False, mesh=None):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -127,8 +128,8 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
   mesh = device_mesh() if mesh is None else mesh
   num_devices = mesh.devices.size
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
-  if vocab.eos_id != 3 or vocab.bos_id != 2:
-    raise ValueError("translate expects bos=2 and eos=3 (data.vocab ids)")
+  if vocab.eos_id != EOS or vocab.bos_id != BOS:
+    raise ValueError(f"translate expects bos={BOS} and eos={EOS} (data.vocab ids)")
   sentences = list(sentences)
   ids = vocab.encode_batch(sentences) if sentences else []
   limit = cfg.max_len          # positions the model can encode and decode
@@ -144,7 +145,7 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
     if not s:   # nothing to translate
       results[i] = [("", 0.0)] * nbest
       continue
-    buckets.setdefault(min(_bucket(len(s)), limit), []).append(i)   # len(s) <= limit
+    buckets.setdefault(min(bucket_length(len(s)), limit), []).append(i)   # len(s) <= limit
 
   bar = tqdm.tqdm(total=len(sentences), desc="translate", unit="sent", disable=not progress,
                   leave=False)
@@ -154,10 +155,10 @@ def translate(model, params, vocab, sentences, *, beam_size=4, alpha=0.6, max_ex
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
     max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
     steps = min(padded + max_extra_len, limit)
-    search = _search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
+    search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
-      rows = _rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
+      rows = batch_rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
       rows = _round_up(rows, num_devices)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded

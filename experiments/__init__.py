@@ -1,0 +1,79 @@
+"""Experiments: one Python file per experiment, and the one loader for them.
+
+An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
+`sweep(add[, arg])`, see train/sweep.py). `load_experiment('experiments/default.py:smoke')` returns the
+locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
+The trainer's command line (absl's config_flags), the sweep, the benchmarks and the tests all load
+experiments through this module.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+
+import ml_collections
+
+
+def load_module(path):
+  """Imports an experiment file by its path (it need not be inside this package) and returns the module."""
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(f"experiment file {str(path)!r} does not exist; pass e.g. experiments/default.py "
+                            f"or experiments/default.py:smoke")
+  module_spec = importlib.util.spec_from_file_location(f"_experiment_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
+def load_experiment(spec: str) -> ml_collections.ConfigDict:
+  """'experiments/default.py:smoke' -> the locked ConfigDict that file's get_config('smoke') returns."""
+  path, _, arg = spec.partition(":")
+  module = load_module(path)
+  if not hasattr(module, "get_config"):
+    raise AttributeError(f"{path} has no get_config(arg) function")
+  config = module.get_config(arg or None)
+  config.lock()
+  return config
+
+
+def _parse_value(text: str, old):
+  """Parses an override value like config_flags does: Python literal if possible, else the string."""
+  if isinstance(old, str):
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+  if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  return value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+  """Applies {'train.num_steps': 10} or ['train.num_steps=10', ...] to a locked config in place.
+
+  A key that does not exist raises KeyError naming it (the config is locked).
+  """
+  items = overrides.items() if isinstance(overrides, dict) else (o.split("=", 1) for o in overrides)
+  for dotted, value in items:
+    *parents, leaf = dotted.split(".")
+    node = config
+    for name in parents:
+      if name not in node:
+        raise KeyError(f"config override {dotted!r}: no section {name!r}; known: {sorted(node.keys())}")
+      node = node[name]
+    if leaf not in node:
+      raise KeyError(f"config override {dotted!r}: no key {leaf!r} in "
+                     f"{'.'.join(parents) or 'config'}; known: {sorted(node.keys())}")
+    old = node[leaf]
+    if isinstance(value, str):
+      value = _parse_value(value, old)
+    if (old is not None and value is not None and not isinstance(value, type(old))
+        and not isinstance(old, ml_collections.ConfigDict)):
+      raise TypeError(f"config override {dotted}={value!r}: expected a {type(old).__name__} like the "
+                      f"experiment's {old!r}")
+    with node.ignore_type():
+      node[leaf] = value
+  return config

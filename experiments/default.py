@@ -20,6 +20,8 @@ peaking at 2e-3 after 200 steps (6e-3 stalled).
 """
 import ml_collections
 
+import decode
+
 
 def get_config(arg=None):
   config = ml_collections.ConfigDict()
@@ -33,13 +35,14 @@ def get_config(arg=None):
       dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
       max_len=256, dtype="float32", param_dtype="float32",
       pre_norm=False, learned_positions=False, share_embeddings=True, attention_bias=True,
+      kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
   ))
 
   # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
   # Matmul operands: None (the compute dtype) or "bfloat16", mixed precision with float32 accumulation
-  # (model/precision.py): --config.model.matmul_dtype=bfloat16.
+  # (docs/model.md): --config.model.matmul_dtype=bfloat16.
   config.model.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
 
   # Data (owned by data/): see README "Data".
@@ -58,7 +61,6 @@ def get_config(arg=None):
       max_len=64,                  # tokens per side; longer pairs are skipped and counted
       batch_tokens=2048,           # target tokens per batch (the paper: ~25,000)
       pack=True,                   # several pairs per row: one batch shape, one compile, little padding
-      num_workers=0,
   ))
 
   # Training (owned by train/).
@@ -91,9 +93,7 @@ def get_config(arg=None):
   ))
 
   # Decoding (owned by decode/).
-  config.decode = ml_collections.ConfigDict(dict(
-      beam_size=4, alpha=0.6, max_extra_len=50, batch_tokens=4096,
-  ))
+  config.decode = ml_collections.ConfigDict(dict(decode.DEFAULTS))
 
   if arg == "smoke":
     config.model.update(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)

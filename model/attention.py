@@ -11,8 +11,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import precision
-from model.dropout import dropout
 
 # Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
 _MASKED = -1e9
@@ -34,85 +32,33 @@ def causal_mask(length: int) -> jax.Array:
   return (idx[:, None] >= idx[None, :])[None, None]
 
 
-def _masked_softmax(logits, mask):
-  """float32 softmax over the last axis; positions where mask is False get (numerically) zero weight."""
-  if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
-  return jax.nn.softmax(logits, axis=-1)
-
-
-def dot_product_attention(q, k, v, mask, *, dropout_rate=0.0, deterministic=True, dropout_rng=None,
-                          dtype=jnp.float32, matmul_dtype=None):
+def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None):
   """softmax(q k^T / sqrt(d_k)) v, with the softmax in float32.
 
   q: [b, q_len, h, d_k]; k: [b, kv_len, h, d_k]; v: [b, kv_len, h, d_v];
   mask: bool broadcastable to [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
-  matmul_dtype: None, or the operand dtype of both matmuls (mixed precision, model/precision.py).
+  dot_general: what both matmuls use (None: lax.dot_general); dropout: None or a function applied to
+  the attention weights.
   """
+  dot_general = dot_general or jax.lax.dot_general
   scale = q.shape[-1] ** -0.5
-  logits = precision.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
-                            matmul_dtype)                   # float32 [b, h, q_len, kv_len]
-  weights = _masked_softmax(logits, mask)                   # float32
-  if dropout_rate > 0.0 and not deterministic:
-    weights = dropout(weights, dropout_rate, dropout_rng)
-  return _weighted_values("bhqk,bkhd->bqhd", weights, v, dtype, matmul_dtype)  # [b, q_len, h, d_v]
-
-
-def _weighted_values(spec, weights, v, dtype, matmul_dtype):
-  """The attention weights (float32) times the values, in `dtype` (or mixed precision)."""
-  if matmul_dtype is None:
-    return jnp.einsum(spec, weights.astype(dtype), v.astype(dtype))
-  return precision.einsum(spec, weights, v, matmul_dtype).astype(dtype)
-
-
-def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
-  """Attention against head-major keys and values, the layout of the decoding caches.
-
-  q: [b, q_len, h, d_k]; k: [b, h, kv_len, d_k]; v: [b, h, kv_len, d_v]; mask: bool broadcastable to
-  [b, h, q_len, kv_len] or None. Returns [b, q_len, h, d_v] in `dtype`.
-  With heads before positions, both matmuls read the (long) keys and values as they lie in memory; the
-  position-major layout of the teacher-forced pass would make XLA transpose the whole cache every step.
-  """
-  scale = q.shape[-1] ** -0.5
-  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
-  k = k if matmul_dtype is not None else k.astype(q.dtype)  # (mixed: the cache is stored rounded)
-  logits = precision.einsum("bhqd,bhkd->bhqk", q, k, matmul_dtype)  # float32 [b, h, q_len, kv_len]
-  weights = _masked_softmax(logits, mask)                   # float32
-  out = _weighted_values("bhqk,bhkd->bhqd", weights, v, dtype, matmul_dtype)  # [b, h, q_len, d_v]
-  return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
-
-
-def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
-  """Attention of each sentence's k hypotheses against the caches of all k of its beam slots.
-
-  q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, L, d_k] and
-  v: [b, k, h, L, d_v], the head-major caches of the sentence's k slots; mask: bool [b, k, 1, k, L],
-  True where slot s's entry at position t belongs to hypothesis j's history (mask[r, s, 0, j, t]).
-  The softmax runs over (slot, position) jointly. Returns [b, k, h, d_v] in `dtype`.
-  Beam search then never reorders the caches: a hypothesis reads its history from whichever slots
-  wrote it, at the price of k times the (small) attention arithmetic of one decoding step.
-  """
-  scale = q.shape[-1] ** -0.5
-  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, j, d_k] (small)
-  if matmul_dtype is not None:   # round the operands as a mixed-precision matmul would
-    q, k = q.astype(matmul_dtype), k.astype(matmul_dtype)
-  # The logits as a multiply-and-sum: XLA fuses it into one pass over the keys, where a batched matmul
-  # of [k, d_k] x [d_k, L] per (sentence, slot, head) measured 1.1x-1.2x slower for the whole search.
-  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
-                   * k[:, :, :, None].astype(jnp.float32), axis=-1)        # [b, s, h, j, L]
-  logits = jnp.where(mask, logits, _MASKED)
-  logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
-  weights = jnp.exp(logits)
-  weights = weights / jnp.sum(weights, axis=(1, 4), keepdims=True)
-  out = _weighted_values("bshjt,bshtd->bshjd", weights, v, dtype, matmul_dtype)  # [b, s, h, j, d_v]
-  return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
+                      preferred_element_type=jnp.float32,
+                      _dot_general=dot_general)                # float32 [b, h, q_len, kv_len]
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED)
+  weights = jax.nn.softmax(logits, axis=-1)                    # float32
+  if dropout is not None:
+    weights = dropout(weights)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype),
+                    _dot_general=dot_general)                  # [b, q_len, h, d_v]
 
 
 class MultiHeadAttention(nn.Module):
   """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
 
   Besides the plain call, it exposes the pieces incremental decoding needs: `project_kv` (keys and
-  values of a memory, computed once) and `attend` (queries against given keys and values).
+  values of a memory, computed once), `project_q`, `heads` (attention without W^O) and `out` (W^O).
   """
   num_heads: int
   d_k: int
@@ -122,17 +68,18 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  matmul_dtype: Any = None   # None, or the operand dtype of every matmul (mixed precision)
+  dot_general: Any = None       # for every matmul (None: lax.dot_general); see model/ops.py
+  dropout_cls: Any = nn.Dropout
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(
         features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
-        dot_general=precision.dot_general_for(self.matmul_dtype))
+        kernel_init=nn.initializers.xavier_uniform(), dot_general=self.dot_general)
     self.query = dense((self.num_heads, self.d_k))
     self.key = dense((self.num_heads, self.d_k))
     self.value = dense((self.num_heads, self.d_v))
     self.out = dense(self.d_model, axis=(-2, -1))
+    self.weights_dropout = self.dropout_cls(self.dropout_rate)
 
   def project_kv(self, memory):
     """memory [b, kv_len, d_model] -> (keys [b, kv_len, h, d_k], values [b, kv_len, h, d_v])."""
@@ -142,27 +89,16 @@ class MultiHeadAttention(nn.Module):
     """x [b, q_len, d_model] -> queries [b, q_len, h, d_k]."""
     return self.query(x)
 
-  def attend(self, q, k, v, mask, deterministic=True):
-    """Queries [b, q, h, d_k] against keys/values; returns the projected output [b, q, d_model]."""
-    rng = None
+  def heads(self, q, k, v, mask, deterministic=True):
+    """Queries [b, q, h, d_k] against keys [b, kv, h, d_k] and values [b, kv, h, d_v] -> [b, q, h, d_v]."""
+    dropout = None
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
-    heads = dot_product_attention(q, k, v, mask, dropout_rate=self.dropout_rate,
-                                  deterministic=deterministic, dropout_rng=rng, dtype=self.dtype,
-                                  matmul_dtype=self.matmul_dtype)
-    return self.out(heads)
-
-  def attend_cached(self, q, k, v, mask):
-    """Queries [b, q, h, d_k] against head-major keys [b, h, kv, d_k] and values [b, h, kv, d_v]
-    (decoding; no dropout). Returns the projected output [b, q, d_model]."""
-    return self.out(cached_attention(q, k, v, mask, self.dtype, self.matmul_dtype))
-
-  def attend_beams(self, q, k, v, mask):
-    """`beam_attention` (decoding with beam-slot caches that are never reordered): queries
-    [b, k, h, d_k] against slot caches [b, k, h, L, d]. Returns the projected output [b, k, d_model]."""
-    return self.out(beam_attention(q, k, v, mask, self.dtype, self.matmul_dtype))
+      dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
+    return dot_product_attention(q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general,
+                                 dropout=dropout)
 
   def __call__(self, x, memory, mask, deterministic=True):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model]."""
     k, v = self.project_kv(memory)
-    return self.attend(self.project_q(x), k, v, mask, deterministic)
+    return self.out(self.heads(self.project_q(x), k, v, mask, deterministic))

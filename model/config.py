@@ -9,11 +9,15 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from kernels import CHOICES as KERNELS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def as_dtype(dtype: Any):
-  """Accepts a dtype or its name ('float32', 'bfloat16') and returns the jnp dtype."""
+  """Accepts a dtype or its name ('float32', 'bfloat16') and returns the jnp dtype; None stays None."""
+  if dtype is None:
+    return None
   if isinstance(dtype, str):
     if dtype not in _DTYPES:
       raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
@@ -42,9 +46,11 @@ class TransformerConfig:
   dtype: Any = "float32"               # compute dtype; logits and softmax are always float32
   param_dtype: Any = "float32"
   # Operands of every matmul (None: the compute dtype). "bfloat16" with dtype "float32" is mixed
-  # precision: bfloat16 operands, float32 accumulation and activations, also in the backward pass
-  # (model/precision.py; about 2x the float32 matmul speed on CPUs with AVX512-BF16, as on a TPU).
+  # precision: bfloat16 operands, float32 accumulation and activations, also in the backward pass.
   matmul_dtype: Any = None
+  # Which implementation computes the model: "reference" (model/ as written), "cpu" (the XLA:CPU fast
+  # paths of kernels/, same results) or "auto" (cpu on the CPU backend, reference elsewhere).
+  kernels: str = "auto"
   # Switches. Defaults are the paper's choices.
   pre_norm: bool = False               # LayerNorm before each sub-layer, plus final norms
   learned_positions: bool = False      # Table 3 row E
@@ -76,6 +82,8 @@ class TransformerConfig:
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         fail(f"{name} must be in [0, 1), got {rate}")
+    if self.kernels not in KERNELS:
+      fail(f"kernels={self.kernels!r} is not one of {list(KERNELS)}")
     as_dtype(self.dtype)
     as_dtype(self.param_dtype)
     if self.matmul_dtype is not None:
@@ -92,21 +100,6 @@ class TransformerConfig:
   @property
   def head_dim_v(self) -> int:
     return self.d_v if self.d_v is not None else self.d_model // self.num_heads
-
-  @property
-  def compute_dtype(self):
-    return as_dtype(self.dtype)
-
-  @property
-  def mixed_dtype(self):
-    """The matmul operand dtype where it differs from the compute dtype (mixed precision), else None."""
-    if self.matmul_dtype is None or as_dtype(self.matmul_dtype) == self.compute_dtype:
-      return None
-    return as_dtype(self.matmul_dtype)
-
-  @property
-  def weights_dtype(self):
-    return as_dtype(self.param_dtype)
 
   def replace(self, **changes) -> "TransformerConfig":
     return dataclasses.replace(self, **changes)

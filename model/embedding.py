@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.dropout import Dropout
 
 
 def sinusoid(positions: jax.Array, d_model: int) -> jax.Array:
@@ -40,6 +39,7 @@ class Embedder(nn.Module):
   vocab_size: int = 0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  dropout_cls: Any = nn.Dropout   # model.ops chooses it (kernels/dropout16.py on the CPU)
 
   def setup(self):
     if self.shared is not None:
@@ -51,7 +51,7 @@ class Embedder(nn.Module):
       self.positions = nn.Embed(self.max_len, self.d_model, dtype=self.dtype,
                                 param_dtype=self.param_dtype,
                                 embedding_init=nn.initializers.normal(stddev=0.02))
-    self.dropout = Dropout(self.dropout_rate)
+    self.dropout = self.dropout_cls(self.dropout_rate)
 
   def __call__(self, ids, positions, deterministic=True):
     """ids, positions: int [b, len]. Returns [b, len, d_model] in the compute dtype."""

@@ -6,9 +6,9 @@
 
 Incremental decoding (what decode/ uses):
     enc_out = model.apply({'params': params}, src, method='encode')          # [b, src_len, d_model]
-    cross = model.apply({'params': params}, enc_out, method='cross_kv')      # per layer (k, v), [b, ...]
+    memory = model.apply({'params': params}, enc_out, method='prepare_decoding')   # once per batch
     cache = init_cache(cfg, batch_size=n, max_len=L)
-    logits, cache = model.apply({'params': params}, ids, cache, cross, src != 0, method='decode_step')
+    logits, cache = model.apply({'params': params}, ids, cache, memory, src != 0, method='decode_step')
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import precision
 from model.attention import causal_mask, segment_mask
-from model.config import TransformerConfig
+from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
 from model.layers import DecoderLayer, EncoderLayer, layer_norm
+from model.ops import ops_for
 
 
 def _segments_and_positions(ids, segments, positions):
@@ -39,7 +39,8 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
-                          self.shared_embedding, cfg.vocab_size, cfg.compute_dtype, cfg.weights_dtype)
+                          self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
+                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
@@ -60,7 +61,8 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.learned_positions,
-                          self.shared_embedding, cfg.vocab_size, cfg.compute_dtype, cfg.weights_dtype)
+                          self.shared_embedding, cfg.vocab_size, as_dtype(cfg.dtype),
+                          as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
@@ -77,30 +79,21 @@ class Decoder(nn.Module):
       x = layer(x, enc_out, self_mask, cross_mask, deterministic)
     return self._finish(x)
 
-  def cross_kv(self, enc_out):
-    return [layer.cross_kv(enc_out) for layer in self.layers]
+  def cross_kv(self, enc_out, kv):
+    """Per layer, the cross-attention keys and values of enc_out, stored as the cache `kv` reads them."""
+    return [kv.prepare_cross(*layer.cross_attention.project_kv(enc_out)) for layer in self.layers]
 
-  def step(self, ids, cache, cross, src_mask):
-    """ids int32 [n] at position cache['index']; returns (outputs [n, d_model], new cache)."""
+  def step(self, ids, cache, cross, src_mask, kv):
+    """ids int32 [n] at position cache['index']; kv: the decoding cache object (model/cache.py) that
+    made `cache`. Returns (outputs [n, d_model], new cache)."""
     index = cache["index"][0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
-    new_cache = {"index": cache["index"] + 1}
-    history = None
-    if "slot_history" in cache:
-      # Beam-slot caches: row r writes its entry at `index` into its own slot, and reads its earlier
-      # entries from the slots that wrote them (slot_history[r, t]).
-      n, b = ids.shape[0], src_mask.shape[0]
-      beams = n // b
-      slot_history = jax.lax.dynamic_update_slice_in_dim(
-          cache["slot_history"], (jnp.arange(n, dtype=jnp.int32) % beams)[:, None], index, axis=1)
-      new_cache["slot_history"] = slot_history
-      length = slot_history.shape[1]
-      wrote = slot_history.reshape(b, 1, 1, beams, length) == jnp.arange(beams)[None, :, None, None, None]
-      history = wrote & (jnp.arange(length) <= index)          # [b, k(slot), 1, k(hyp), L]
+    new_cache, context = kv.start_step(cache, index, src_mask.shape[0])
+    new_cache["index"] = cache["index"] + 1
     new_layers = []
     for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
-      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, history)
+      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, kv, context)
       new_layers.append(new_layer_cache)
     new_cache["layers"] = new_layers
     return self._finish(x)[:, 0], new_cache
@@ -111,10 +104,10 @@ class Transformer(nn.Module):
   cfg: TransformerConfig
 
   def setup(self):
-    cfg = self.cfg
+    cfg, ops = self.cfg, ops_for(self.cfg)
+    dtype, param_dtype = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
     if cfg.share_embeddings:
-      shared = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
-                        param_dtype=cfg.weights_dtype,
+      shared = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                         embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5),
                         name="shared_embedding")
       self.shared_embedding = shared
@@ -123,9 +116,9 @@ class Transformer(nn.Module):
     else:
       self.encoder = Encoder(cfg)
       self.decoder = Decoder(cfg)
-      self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                                        param_dtype=cfg.weights_dtype,
-                                        dot_general=precision.dot_general_for(cfg.mixed_dtype),
+      # Operands in the compute dtype, products accumulated and returned in float32.
+      self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype,
+                                        param_dtype=param_dtype, dot_general=ops.float32_dot_general,
                                         name="output_projection")
 
   def logits(self, y):
@@ -133,13 +126,14 @@ class Transformer(nn.Module):
     # The matmul reads its inputs in the compute dtype but accumulates and returns float32, so the
     # softmax and the loss are float32 even when the model computes in bfloat16.
     if self.cfg.share_embeddings:
-      return precision.einsum("...d,vd->...v", y.astype(self.cfg.compute_dtype), self.output_table(),
-                              self.cfg.mixed_dtype)
-    return self.output_projection(y).astype(jnp.float32)
+      return jnp.einsum("...d,vd->...v", y.astype(as_dtype(self.cfg.dtype)), self.output_table(),
+                        preferred_element_type=jnp.float32,
+                        _dot_general=ops_for(self.cfg).dot_general or jax.lax.dot_general)
+    return self.output_projection(y)
 
   def output_table(self):
     """The pre-softmax weights as [vocab, d_model] in the compute dtype: logits = y @ table^T."""
-    dtype = self.cfg.compute_dtype
+    dtype = as_dtype(self.cfg.dtype)
     if self.cfg.share_embeddings:
       return self.shared_embedding.embedding.astype(dtype)
     return self.output_projection.variables["params"]["kernel"].T.astype(dtype)
@@ -154,30 +148,20 @@ class Transformer(nn.Module):
                              deterministic)
     if not self.cfg.share_embeddings and self.is_initializing():
       self.output_projection(y[:, :1])   # creates its parameters when init goes through here
-    return y.astype(self.cfg.compute_dtype), self.output_table()
+    return y.astype(as_dtype(self.cfg.dtype)), self.output_table()
 
   def encode(self, src, src_segments=None, src_positions=None, deterministic=True):
     """src int [b, src_len] -> enc_out [b, src_len, d_model]."""
     src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
     return self.encoder(src, src_segments, src_positions, deterministic)
 
-  def decode(self, tgt_in, enc_out, src_segments, tgt_segments=None, tgt_positions=None,
-             deterministic=True):
-    """Teacher-forced decoder: tgt_in [b, tgt_len] -> logits float32 [b, tgt_len, vocab]."""
-    return self.logits(self._decoder_outputs(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions,
-                                             deterministic))
-
-  def _decoder_outputs(self, tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic):
-    """Decoder outputs [b, tgt_len, d_model] (before the output projection)."""
-    tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
-    return self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
-
   def _teacher_forced(self, src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
                       deterministic):
     """Encoder then decoder over whole sequences: decoder outputs [b, tgt_len, d_model]."""
     src_segments, src_positions = _segments_and_positions(src, src_segments, src_positions)
     enc_out = self.encoder(src, src_segments, src_positions, deterministic)
-    return self._decoder_outputs(tgt_in, enc_out, src_segments, tgt_segments, tgt_positions, deterministic)
+    tgt_segments, tgt_positions = _segments_and_positions(tgt_in, tgt_segments, tgt_positions)
+    return self.decoder(tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic)
 
   def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
@@ -185,63 +169,41 @@ class Transformer(nn.Module):
     return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
                                             tgt_positions, deterministic))
 
-  def cross_kv(self, enc_out):
-    """enc_out [b, src_len, d_model] -> per decoder layer (keys [b, h, src_len, d_k], values [b, h, src_len, d_v])."""
-    return self.decoder.cross_kv(enc_out)
+  def prepare_decoding(self, enc_out):
+    """What every decoding step reads and nothing changes, computed once per batch: per decoder layer
+    the cross-attention keys and values of enc_out [b, src_len, d_model] ('cross', laid out as the
+    decoding cache reads them), and the pre-softmax weights ('output')."""
+    ops = ops_for(self.cfg)
+    return {"cross": self.decoder.cross_kv(enc_out, ops.cache(False)),   # same for every cache kind
+            "output": ops.decoding_weights(self.output_table())}
 
-  def decode_step(self, ids, cache, cross, src_mask, output_kernel=None):
+  def decode_step(self, ids, cache, memory, src_mask):
     """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
 
-    ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; cross from `cross_kv` ([b, ...] leaves);
-    src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
-    output_kernel: None, or `output_kernel()` computed once before the decoding loop.
+    ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...]
+    leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
     """
-    y, cache = self.decoder.step(ids, cache, cross, src_mask)
-    if output_kernel is None:
-      return self.logits(y), cache
-    return jnp.dot(y.astype(output_kernel.dtype), output_kernel, preferred_element_type=jnp.float32), cache
-
-  def output_kernel(self):
-    """The pre-softmax weights as [d_model, vocab] (logits = y @ kernel), for decoding: computed once
-    outside the loop, the matmul reads it in the layout it wants, where `logits` reads the shared
-    [vocab, d_model] table transposed at every step (greedy decoding 1.2x faster per output matmul at
-    8-16 rows; logits then differ in float rounding, ~1e-5)."""
-    return jnp.swapaxes(self.output_table(), 0, 1).astype(self.cfg.mixed_dtype or self.cfg.compute_dtype)
+    ops = ops_for(self.cfg)
+    y, cache = self.decoder.step(ids, cache, memory["cross"], src_mask,
+                                 ops.cache("slot_history" in cache))
+    return ops.decoding_logits(y, memory["output"]), cache
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):
   """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens.
 
-  Every leaf has leading dimension batch_size (so beam search can tile and reorder it): per layer
-  'k' [batch_size, h, max_len, d_k] and 'v' [batch_size, h, max_len, d_v] (head-major: see
-  model.attention.cached_attention), and 'index' int32 [batch_size], the position the next token is
-  written to (equal across rows).
-  beam_slots=True adds 'slot_history' int32 [batch_size, max_len] for beam search: row r*k + j's cache
-  is then the k-th beam *slot* j of sentence r, written by whichever hypothesis held the slot at each
-  step, and slot_history[row, t] names the slot holding the row's entry at position t. Such a cache must
-  be reordered with `reorder_cache` (beam_search(..., reorder=reorder_cache)), never gathered whole.
+  Every leaf has leading dimension batch_size (so beam search can tile and reorder it), among them
+  'index' int32 [batch_size], the position the next token is written to (equal across rows); the rest
+  is the chosen cache's (model/cache.py, or kernels/decode_cache.py with cfg.kernels). beam_slots=True
+  asks for a cache that beam search reorders with `reorder_cache` only (the CPU kernels keep keys and
+  values in place).
   """
   if max_len > cfg.max_len and cfg.learned_positions:
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
-  # With mixed precision only matmuls read the cache, in the matmul dtype: it is stored rounded.
-  dtype = cfg.mixed_dtype or cfg.compute_dtype
-  layer = lambda: {"k": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_k), dtype),
-                   "v": jnp.zeros((batch_size, cfg.num_heads, max_len, cfg.head_dim_v), dtype)}
-  cache = {"index": jnp.zeros((batch_size,), jnp.int32),
-           "layers": [layer() for _ in range(cfg.num_decoder_layers)]}
-  if beam_slots:
-    cache["slot_history"] = jnp.zeros((batch_size, max_len), jnp.int32)
-  return cache
+  return ops_for(cfg).cache(beam_slots).init(batch_size, max_len)
 
 
-def reorder_cache(cache, rows):
+def reorder_cache(cfg: TransformerConfig, cache, rows):
   """Beam search's reorder for a cache from `init_cache`: new row i continues old row rows[i].
-
-  A plain cache is gathered whole. A beam-slot cache (`beam_slots=True`) only gathers its slot history
-  (int32 [n, L]): the keys and values stay where they were written, which saves copying every layer's
-  cache at every step.
-  """
-  take = lambda x: jnp.take(x, rows, axis=0)
-  if "slot_history" not in cache:
-    return jax.tree_util.tree_map(take, cache)
-  return dict(cache, index=take(cache["index"]), slot_history=take(cache["slot_history"]))
+  Use as beam_search(..., reorder=functools.partial(reorder_cache, cfg))."""
+  return ops_for(cfg).cache("slot_history" in cache).reorder(cache, rows)

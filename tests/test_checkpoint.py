@@ -7,8 +7,8 @@ import optax
 import pytest
 
 from train import average
-from train import checkpoint as ckpt
-from train import run_dir
+from run import checkpoint as ckpt
+from run import workdir as run_dir
 from train import step as step_lib
 
 

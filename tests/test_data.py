@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from data import (BatchIterator, DataError, check_vocab, get_vocab, load_pairs, make_eval_batches,
+from data import (BatchIterator, DataError, check_vocab, load_pairs, make_eval_batches,
                   make_train_iterator, synthetic, tokenize)
 from data.batching import ORDER
 from data.vocab import BOS, EOS, Vocab, train_vocab
+from run import get_vocab
 from experiments.default import get_config
 
 TRAIN_SIZE = 600

@@ -1,10 +1,10 @@
-"""model/dropout.py: the keep rate, the expectation, independence of elements, and the switches."""
+"""kernels/dropout16.py (the CPU fast path of nn.Dropout): the keep rate, the expectation, independence of elements, and the switches."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.dropout import Dropout, dropout, keep_mask, keep_threshold
+from kernels.dropout16 import Dropout, dropout, keep_mask, keep_threshold
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])

@@ -12,7 +12,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from model.config import TransformerConfig, num_params
-from train import config_io, metrics_io
+import experiments
+from run import metrics as metrics_io
 from train.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ def test_every_arg_loads_locked_and_unknown_args_fail(path):
   assert "smoke" in args, f"{path.name}: every experiment has a smoke variant"
   for arg in args:
     spec = f"{path}:{arg}" if arg else str(path)
-    config = config_io.load_experiment(spec)
+    config = experiments.load_experiment(spec)
     for section in ("model", "data", "train", "decode"):
       assert section in config, (spec, section)
     TransformerConfig(vocab_size=100, **config.model.to_dict())   # the model section is valid
@@ -76,7 +77,7 @@ def test_every_arg_loads_locked_and_unknown_args_fail(path):
 @pytest.mark.parametrize("name", TYPED)
 def test_every_key_overrides_from_the_command_line(name):
   spec = f"{ROOT / 'experiments' / name}.py:smoke"
-  base = config_io.load_experiment(spec)
+  base = experiments.load_experiment(spec)
   overrides, expected = [], {}
   for key, value in _leaves(base):
     new = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.5,
@@ -89,17 +90,17 @@ def test_every_key_overrides_from_the_command_line(name):
   got = dict(_leaves(config))
   for key, value in expected.items():
     assert got[key] == value, key
-  # A misspelled key is an error on the command line and in config_io.
+  # A misspelled key is an error on the command line and in experiments.apply_overrides.
   with pytest.raises(Exception, match="num_encoder_layerz"):
     _parse_flags(spec, "--config.model.num_encoder_layerz=4")
   with pytest.raises(KeyError, match="num_encoder_layerz"):
-    config_io.apply_overrides(base, {"model.num_encoder_layerz": 4})
+    experiments.apply_overrides(base, {"model.num_encoder_layerz": 4})
 
 
 def test_the_paper_settings():
   """The numbers in PAPER.md's "Training and decoding setup"."""
-  ende = {arg: config_io.load_experiment(f"{ROOT}/experiments/wmt14_ende.py:{arg}") for arg in ("base", "big")}
-  enfr = {arg: config_io.load_experiment(f"{ROOT}/experiments/wmt14_enfr.py:{arg}") for arg in ("base", "big")}
+  ende = {arg: experiments.load_experiment(f"{ROOT}/experiments/wmt14_ende.py:{arg}") for arg in ("base", "big")}
+  enfr = {arg: experiments.load_experiment(f"{ROOT}/experiments/wmt14_enfr.py:{arg}") for arg in ("base", "big")}
   for c in (*ende.values(), *enfr.values()):
     assert c.data.source == "tfds" and c.data.src_lang == "en" and c.data.batch_tokens == 25_000
     assert (c.train.schedule, c.train.warmup_steps, c.train.label_smoothing) == ("paper", 4000, 0.1)
@@ -128,7 +129,7 @@ def test_table3_declares_every_row_with_the_papers_numbers():
   names = [name for name, _ in trials]
   assert len(names) == len(set(names)) == 20 and set(names) == set(module.PAPER)
   for name, overrides in trials:
-    config = config_io.apply_overrides(config_io.load_experiment(str(path)), overrides)
+    config = experiments.apply_overrides(experiments.load_experiment(str(path)), overrides)
     count = num_params(TransformerConfig(vocab_size=37_000, **config.model.to_dict()))
     published = module.PAPER[name]["params_m"]
     if published:   # PAPER.md: exact counts are within ~7% of the rounded published ones
@@ -145,7 +146,7 @@ def test_table3_declares_every_row_with_the_papers_numbers():
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_smoke_variant_trains_two_steps(path, tmp_path):
-  config = config_io.apply_overrides(config_io.load_experiment(f"{path}:smoke"), QUIET)
+  config = experiments.apply_overrides(experiments.load_experiment(f"{path}:smoke"), QUIET)
   assert config.data.source == "synthetic", "smoke variants run offline on the embedded corpus"
   outcome = train_and_evaluate(config, tmp_path)
   assert outcome.step == 2 and outcome.interrupted is None

@@ -1,7 +1,7 @@
 """Export to Hugging Face (MarianMTModel) and CTranslate2: the exported models compute what ours does.
 
 One tiny run directory (config.json, vocab.model, an Orbax checkpoint of random weights) goes through
-`python -m decode.export`'s main for both formats; the exports are then loaded by transformers and
+`python -m export`'s main for both formats; the exports are then loaded by transformers and
 ctranslate2 as a user would, and compared with our model on the same ids.
 """
 import json
@@ -11,16 +11,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-# The interop extra (pip install -e '.[interop]'; CI installs it).
-import ctranslate2
-import torch
+
+# The interop extra (pip install -e '.[interop]'; CI installs it): without it only this file is skipped.
+ctranslate2 = pytest.importorskip("ctranslate2")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 from data.vocab import Vocab, train_vocab
-from decode import export
+import export
+from export import __main__ as export_cli
+from export import ctranslate2 as ct2_export
+from export import hf as hf_export
 from experiments.default import get_config
 from model import Transformer, TransformerConfig
-from train import checkpoint as ckpt
-from train.config_io import save_config
+from run import checkpoint as ckpt
+from run.config import save_config
 
 WORDS = ("the a cat dog sat on mat house tree runs quickly slowly red blue green big small over under "
          "bird fish eats sleeps near far river hill").split()
@@ -62,8 +67,8 @@ def run(tmp_path_factory):
   manager.wait_until_finished()
   manager.close()
   hf_dir, ct2_dir = workdir / "export_hf", workdir / "export_ct2"
-  export.main(["--workdir", str(workdir), "--format", "hf", "--out", str(hf_dir)])
-  export.main(["--workdir", str(workdir), "--checkpoint", "7", "--format", "ctranslate2",
+  export_cli.main(["--workdir", str(workdir), "--format", "hf", "--out", str(hf_dir)])
+  export_cli.main(["--workdir", str(workdir), "--checkpoint", "7", "--format", "ctranslate2",
                "--out", str(ct2_dir)])
   return dict(workdir=workdir, vocab=vocab, cfg=cfg, params=params, hf_dir=hf_dir, ct2_dir=ct2_dir,
               texts=sentences(random.Random(1), 6))
@@ -82,7 +87,7 @@ def our_greedy(cfg, params, src, max_new):
   model = Transformer(cfg)
   src = jnp.asarray(src)
   enc_out = model.apply({"params": params}, src, method="encode")
-  cross = model.apply({"params": params}, enc_out, method="cross_kv")
+  cross = model.apply({"params": params}, enc_out, method="prepare_decoding")
   cache = init_cache(cfg, batch_size=src.shape[0], max_len=max_new)
   ids = jnp.full((src.shape[0],), 2, jnp.int32)
   done = np.zeros(src.shape[0], bool)
@@ -135,7 +140,7 @@ def test_exact_with_matching_epsilon_and_unshared_biasfree_variant(run):
     tgt[:, 0] = 2
     ours = np.asarray(Transformer(cfg).apply({"params": params}, src, tgt))
     with torch.no_grad():
-      theirs = export.to_marian(params, cfg, vocab)(
+      theirs = hf_export.to_marian(params, cfg, vocab)(
           input_ids=torch.from_numpy(src).long(), attention_mask=torch.from_numpy(src != 0),
           decoder_input_ids=torch.from_numpy(tgt).long()).logits.numpy()
     tol = 2e-6 if "layer_norm_epsilon" in switches else 1e-4
@@ -156,7 +161,7 @@ def test_greedy_is_identical_in_ours_hf_and_ctranslate2(run):
   translator = ctranslate2.Translator(str(run["ct2_dir"]), device="cpu", intra_threads=2)
   pieces = json.loads((run["hf_dir"] / "vocab.json").read_text())
   id_of = {p: i for p, i in pieces.items()}
-  results = translator.translate_batch([[vocab._sp.id_to_piece(int(i)) for i in r if i] for r in src],
+  results = translator.translate_batch([[vocab.id_to_piece(int(i)) for i in r if i] for r in src],
                                        beam_size=1, max_decoding_length=MAX_NEW, return_end_token=True)
   ct2 = [[id_of[p] for p in r.hypotheses[0]] for r in results]
   assert len({tuple(r) for r in ours}) > 1 and max(len(r) for r in ours) > 3, ours   # not degenerate
@@ -170,13 +175,13 @@ def test_ctranslate2_scores_equal_ours_for_every_switch(run, tmp_path):
   cfg = run["cfg"].replace(pre_norm=True, learned_positions=True, share_embeddings=False,
                            attention_bias=False)
   params = perturbed_init(cfg, seed=5)
-  out = export.export_ctranslate2(params, cfg, vocab, run["workdir"] / "vocab.model", tmp_path / "ct2")
+  out = ct2_export.export_ctranslate2(params, cfg, vocab, run["workdir"] / "vocab.model", tmp_path / "ct2")
   texts = run["texts"]
   src = padded([vocab.encode(t) for t in texts])
   targets = [vocab.encode(t) for t in sentences(random.Random(3), len(texts))]
   tgt_in = padded([[vocab.bos_id] + t for t in targets])
   log_probs = np.asarray(jax.nn.log_softmax(Transformer(cfg).apply({"params": params}, src, tgt_in)))
-  piece = vocab._sp.id_to_piece
+  piece = vocab.id_to_piece
   scored = ctranslate2.Translator(str(out), device="cpu").score_batch(
       [[piece(int(i)) for i in r if i] for r in src], [[piece(i) for i in t] for t in targets])
   for row, (t, s) in enumerate(zip(targets, scored)):
@@ -199,5 +204,5 @@ def test_unsupported_options_are_refused_by_name(run, tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(config))
   (tmp_path / "vocab.model").write_bytes((run["workdir"] / "vocab.model").read_bytes())
   with pytest.raises(SystemExit) as exit_info:
-    export.main(["--workdir", str(tmp_path), "--format", "hf", "--out", str(tmp_path / "out")])
+    export_cli.main(["--workdir", str(tmp_path), "--format", "hf", "--out", str(tmp_path / "out")])
   assert exit_info.value.code == 2

@@ -1,4 +1,6 @@
 """Model invariants: causality, padding, packing, cached decoding, parameter counts, a numpy reference."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,11 +90,12 @@ def test_segment_masks_isolate_packed_sequences(small):
 
 def _decode_incrementally(model, params, cfg, src, tgt_in, hyps_per_sentence):
   """Feeds tgt_in one token per step through the cache, k copies per sentence; returns [b*k, t, V]."""
-  cross = jax.jit(lambda src: model.apply(
-      {"params": params}, model.apply({"params": params}, src, method="encode"), method="cross_kv"))(src)
+  memory = jax.jit(lambda src: model.apply(
+      {"params": params}, model.apply({"params": params}, src, method="encode"),
+      method="prepare_decoding"))(src)
   n = src.shape[0] * hyps_per_sentence
   cache = init_cache(cfg, n, tgt_in.shape[1])
-  step = jax.jit(lambda ids, cache: model.apply({"params": params}, ids, cache, cross, src != 0,
+  step = jax.jit(lambda ids, cache: model.apply({"params": params}, ids, cache, memory, src != 0,
                                                 method="decode_step"))
   outputs = []
   for t in range(tgt_in.shape[1]):
@@ -101,41 +104,28 @@ def _decode_incrementally(model, params, cfg, src, tgt_in, hyps_per_sentence):
   return jnp.stack(outputs, axis=1)
 
 
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
 @pytest.mark.parametrize("tgt_len", [1, 4, 9])
 @pytest.mark.parametrize("hyps_per_sentence", [1, 3])
-def test_cached_decoding_equals_teacher_forcing(small, tgt_len, hyps_per_sentence):
+def test_cached_decoding_equals_teacher_forcing(small, tgt_len, hyps_per_sentence, kernels):
   model, params, rng = small
   src = _random_ids(rng, (3, 8)).at[0, 2:].set(0).at[1, 6:].set(0)  # sources of length 2, 6, 8
   tgt_in = _random_ids(rng, (3, tgt_len))
   full = model(params, src, tgt_in)
-  incremental = _decode_incrementally(Transformer(SMALL), params, SMALL, src, tgt_in, hyps_per_sentence)
+  cfg = SMALL.replace(kernels=kernels)
+  incremental = _decode_incrementally(Transformer(cfg), params, cfg, src, tgt_in, hyps_per_sentence)
   expected = jnp.repeat(full, hyps_per_sentence, axis=0)
   assert float(jnp.max(jnp.abs(incremental - expected))) <= 1e-4
 
 
-@pytest.mark.parametrize("share_embeddings", [True, False])
-def test_a_precomputed_output_kernel_gives_the_same_logits(share_embeddings):
-  cfg = SMALL.replace(share_embeddings=share_embeddings)
-  rng = np.random.default_rng(4)
-  src, ids = _random_ids(rng, (2, 5)), _random_ids(rng, (2,))
-  model = Transformer(cfg)
-  params = _init(cfg, src, src)
-  variables = {"params": params}
-  cross = model.apply(variables, model.apply(variables, src, method="encode"), method="cross_kv")
-  kernel = model.apply(variables, method="output_kernel")
-  assert kernel.shape == (cfg.d_model, cfg.vocab_size)
-  step = lambda kernel: model.apply(variables, ids, init_cache(cfg, 2, 4), cross, src != 0, kernel,
-                                    method="decode_step")[0]
-  np.testing.assert_allclose(step(kernel), step(None), atol=1e-5)
-
-
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
 @pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias",
                                     "bf16_matmuls"])
-def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
+def test_cached_decoding_equals_teacher_forcing_with_switches(switch, kernels):
   changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(learned_positions=True),
              "unshared": dict(share_embeddings=False), "no_bias": dict(attention_bias=False),
              "bf16_matmuls": dict(matmul_dtype="bfloat16")}[switch]
-  cfg = SMALL.replace(**changes)
+  cfg = SMALL.replace(kernels=kernels, **changes)
   rng = np.random.default_rng(1)
   src = _random_ids(rng, (2, 6)).at[0, 3:].set(0)
   tgt_in = _random_ids(rng, (2, 5))
@@ -144,28 +134,32 @@ def test_cached_decoding_equals_teacher_forcing_with_switches(switch):
   full = _forward(model)(params, src, tgt_in)
   incremental = _decode_incrementally(model, params, cfg, src, tgt_in, 2)
   assert float(jnp.max(jnp.abs(incremental - jnp.repeat(full, 2, axis=0)))) <= 1e-4
-  if cfg.mixed_dtype is not None:   # both paths really rounded: float32 decoding differs
-    exact = _decode_incrementally(Transformer(SMALL), params, SMALL, src, tgt_in, 2)
+  if cfg.matmul_dtype is not None:   # both paths really rounded: float32 decoding differs
+    exact_cfg = SMALL.replace(kernels=kernels)
+    exact = _decode_incrementally(Transformer(exact_cfg), params, exact_cfg, src, tgt_in, 2)
     assert float(jnp.max(jnp.abs(incremental - exact))) > 1e-3
 
 
-@pytest.mark.parametrize("beam_slots", [False, True])
+@pytest.mark.parametrize("kernels,beam_slots", [("reference", False), ("cpu", False), ("cpu", True)])
 @pytest.mark.parametrize("beams", [2, 3])
-def test_reordered_caches_follow_each_hypothesis_history(small, beams, beam_slots):
+def test_reordered_caches_follow_each_hypothesis_history(small, beams, kernels, beam_slots):
   """Hypotheses that change parents at every step (as in beam search) still get, at every step, the
-  logits of teacher forcing on their own history. With beam_slots=True the keys and values never move:
-  only the slot history is reordered."""
+  logits of teacher forcing on their own history. With the CPU kernels' beam slots the keys and values
+  never move: only the slot history is reordered."""
   model, params, rng = small
   b, steps = 2, 6
   src = _random_ids(rng, (b, 7)).at[0, 4:].set(0)
-  module = Transformer(SMALL)
-  cross = jax.jit(lambda src: module.apply(
-      {"params": params}, module.apply({"params": params}, src, method="encode"), method="cross_kv"))(src)
+  cfg = SMALL.replace(kernels=kernels)
+  module = Transformer(cfg)
+  memory = jax.jit(lambda src: module.apply(
+      {"params": params}, module.apply({"params": params}, src, method="encode"),
+      method="prepare_decoding"))(src)
   n = b * beams
-  cache = init_cache(SMALL, n, steps, beam_slots=beam_slots)
-  step = jax.jit(lambda ids, cache: module.apply({"params": params}, ids, cache, cross, src != 0,
+  cache = init_cache(cfg, n, steps, beam_slots=beam_slots)
+  assert ("slot_history" in cache) == beam_slots
+  step = jax.jit(lambda ids, cache: module.apply({"params": params}, ids, cache, memory, src != 0,
                                                  method="decode_step"))
-  reorder = jax.jit(reorder_cache)
+  reorder = jax.jit(functools.partial(reorder_cache, cfg))
   history = np.zeros((n, 0), np.int32)
   for t in range(steps):
     ids = np.asarray(_random_ids(rng, (n,)))
@@ -321,9 +315,11 @@ def test_sinusoid_interleaves_sin_and_cos_as_the_formula():
                                      dict(matmul_dtype="bfloat16"),
                                      dict(matmul_dtype="bfloat16", share_embeddings=False),
                                      dict(attention_bias=False, dropout_rate=0.1,
+                                          attention_dropout_rate=0.1, relu_dropout_rate=0.1),
+                                     dict(kernels="reference", dropout_rate=0.1,
                                           attention_dropout_rate=0.1, relu_dropout_rate=0.1)],
                          ids=["pre_norm", "learned_positions", "unshared", "bfloat16", "bf16_matmuls",
-                              "bf16_matmuls_unshared", "no_bias_dropout"])
+                              "bf16_matmuls_unshared", "no_bias_dropout", "reference_kernels"])
 def test_switches_run_forward_and_backward_and_trace_once(changes):
   cfg = SMALL.replace(**changes)
   model = Transformer(cfg)
@@ -364,6 +360,22 @@ def test_bfloat16_computes_in_bfloat16_and_stays_close_to_float32():
   assert not np.array_equal(np.asarray(f32), np.asarray(bf16))
 
 
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_bfloat16_logits_are_accumulated_and_returned_in_float32(share_embeddings, kernels):
+  """dtype bfloat16: the output layer reads bfloat16 operands but accumulates in float32, so the logits
+  are not bfloat16 values cast up (they were, with an unshared output layer)."""
+  cfg = SMALL.replace(dtype="bfloat16", share_embeddings=share_embeddings, kernels=kernels)
+  src, tgt = _random_ids(np.random.default_rng(7), (2, 6)), _random_ids(np.random.default_rng(8), (2, 5))
+  model, params = Transformer(cfg), _init(cfg, src, tgt)
+  logits = _forward(model)(params, src, tgt)
+  y, table = jax.jit(lambda p: model.apply({"params": p}, src, tgt, method="features"))(params)
+  assert y.dtype == table.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+  want = jnp.einsum("btd,vd->btv", y.astype(jnp.float32), table.astype(jnp.float32))
+  np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+  assert np.mean(np.asarray(logits) != np.asarray(logits.astype(jnp.bfloat16).astype(jnp.float32))) > 0.5
+
+
 # ---------------------------------------------------------------------------------------------------
 # Config validation
 # ---------------------------------------------------------------------------------------------------
@@ -374,6 +386,7 @@ def test_bfloat16_computes_in_bfloat16_and_stays_close_to_float32():
     (dict(dtype="float8"), "unknown dtype"),
     (dict(num_decoder_layers=0), "num_decoder_layers"),
     (dict(d_k=0), "d_k must be positive"),
+    (dict(kernels="gpu"), "kernels='gpu' is not one of"),
 ])
 def test_config_rejects_bad_values(changes, message):
   with pytest.raises(ValueError, match=message):

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 import pytest
 
-from train import checkpoint as ckpt
-from train import metrics_io
+from run import checkpoint as ckpt
+from run import metrics as metrics_io
 from train.train import TIMING_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -149,19 +149,17 @@ def test_checkpoints_move_between_one_and_two_processes(runs, tmp_path):
   assert test_bleu(one_in_two) == test_bleu(runs["one"])
 
   # A 2-process run's checkpoints in this (1) process: decode, average, export.
-  from decode import export
+  import export
+  import run
   from decode.translate import translate
-  from model import Transformer
   from train import average
   path, steps = average.average_checkpoints(two_in_one, last=3)
   assert steps == [STEPS - 4, STEPS - 2, STEPS]
-  cfg, params, vocab, spm_path, config, step = export.load_run(two_in_one, "averaged")
-  hyps = translate(Transformer(cfg), params, vocab, ["a small test .", "the cat"], beam_size=2,
-                   max_extra_len=4)
+  averaged = run.load_run(two_in_one, "averaged")
+  hyps = translate(averaged.model, averaged.params, averaged.vocab, ["a small test .", "the cat"],
+                   beam_size=2, max_extra_len=4)
   assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
-  latest = params_of(two_in_one)
-  averaged = ckpt.flat_leaves(jax.device_get(params))
-  assert latest.keys() == averaged.keys()
+  assert ckpt.flat_leaves(jax.device_get(averaged.params)).keys() == params_of(two_in_one).keys()
   pytest.importorskip("ctranslate2")
   out = export.export_run(two_in_one, "ctranslate2", tmp_path / "ct2")
   assert (out / "model.bin").is_file()

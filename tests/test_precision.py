@@ -1,4 +1,4 @@
-"""Mixed-precision matmuls (model/precision.py) and the model and train step that use them."""
+"""Mixed-precision matmuls (kernels/mixed_matmul.py against the rounded reference) and the model that uses them."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 from jax import lax
 
 from model import Transformer, TransformerConfig
-from model import precision
+from kernels import mixed_matmul as precision
+from model.ops import ops_for
 
 # (lhs shape, rhs shape, dimension numbers): the dense layers, the attention einsums, the output layer
 # and its gradients, and contractions whose axes come permuted.
@@ -94,8 +95,8 @@ def test_mixed_model_tracks_the_float32_model():
   src = jnp.asarray(rng.integers(3, 50, (3, 9)), jnp.int32)
   tgt = jnp.asarray(rng.integers(3, 50, (3, 8)), jnp.int32)
   f32, mixed = Transformer(SMALL), Transformer(SMALL.replace(matmul_dtype="bfloat16"))
-  assert SMALL.mixed_dtype is None and mixed.cfg.mixed_dtype == jnp.bfloat16
-  assert SMALL.replace(matmul_dtype="float32").mixed_dtype is None
+  assert ops_for(SMALL).matmul_dtype is None and ops_for(mixed.cfg).matmul_dtype == jnp.bfloat16
+  assert ops_for(SMALL.replace(matmul_dtype="float32")).matmul_dtype is None
   params = f32.init(jax.random.key(0), src, tgt)["params"]
 
   def loss_and_grads(model):
@@ -122,4 +123,4 @@ def test_config_rejects_an_unknown_or_pointless_matmul_dtype():
     SMALL.replace(matmul_dtype="float8")
   with pytest.raises(ValueError, match="matmul_dtype='float32' with dtype='bfloat16'"):
     SMALL.replace(dtype="bfloat16", matmul_dtype="float32")
-  assert SMALL.replace(dtype="bfloat16", matmul_dtype="bfloat16").mixed_dtype is None
+  assert ops_for(SMALL.replace(dtype="bfloat16", matmul_dtype="bfloat16")).matmul_dtype is None

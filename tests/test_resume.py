@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from data.batching import ORDER, BatchIterator
-from train import checkpoint as ckpt
-from train import metrics_io
+from run import checkpoint as ckpt
+from run import metrics as metrics_io
 from train.train import train_and_evaluate
 from test_train import smoke_config
 

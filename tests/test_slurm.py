@@ -18,8 +18,9 @@ import jax
 import numpy as np
 import pytest
 
-from train import checkpoint as ckpt
-from train import metrics_io, slurm
+from run import checkpoint as ckpt
+from run import metrics as metrics_io
+from train import slurm
 from train.train import TIMING_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

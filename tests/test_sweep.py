@@ -23,12 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAKE_TRAINER = textwrap.dedent(f"""
     import json, pathlib, sys, time
     sys.path.insert(0, {str(ROOT)!r})
-    from train import config_io
+    import experiments
+    from run import config as config_io
     start = time.time()
     args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
     spec, workdir = args.pop("config"), pathlib.Path(args.pop("workdir"))
-    config = config_io.load_experiment(spec)
-    config_io.apply_overrides(config, {{k.removeprefix("config."): v for k, v in args.items()}})
+    config = experiments.load_experiment(spec)
+    experiments.apply_overrides(config, {{k.removeprefix("config."): v for k, v in args.items()}})
     workdir.mkdir(parents=True, exist_ok=True)
     runs = json.loads((workdir / "runs.json").read_text()) if (workdir / "runs.json").exists() else []
     if config.model.num_heads == 3:

@@ -13,8 +13,13 @@ import time
 import numpy as np
 import pytest
 
-from train import config_io, metrics_io, run_dir
-from train import checkpoint as ckpt
+import experiments
+import run
+from data import load_pairs
+from decode.bleu import sacrebleu_score
+from decode.translate import translate
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run import checkpoint as ckpt
 from train.train import TIMING_KEYS, NonFiniteError, train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -26,8 +31,8 @@ QUIET = {"train.test_bleu": False, "train.bleu_every": 0, "train.progress": Fals
 
 
 def smoke_config(**overrides):
-  config = config_io.load_experiment(SMOKE)
-  return config_io.apply_overrides(config, {**QUIET, **overrides})
+  config = experiments.load_experiment(SMOKE)
+  return experiments.apply_overrides(config, {**QUIET, **overrides})
 
 
 def trainer(workdir, *overrides, devices=8):
@@ -174,7 +179,14 @@ def test_dev_and_test_bleu_come_from_real_decoding(tmp_path):
   assert [line["step"] for line in bleu_lines] == [2]
   test_lines = [line for line in lines if "test/bleu" in line]
   assert len(test_lines) == 1 and test_lines[0]["test/signature"].startswith("nrefs:1|case:mixed")
-  assert test_lines[0]["test/bleu"] == outcome.test_bleu and 0.0 <= outcome.test_bleu <= 100.0
+  assert test_lines[0]["test/bleu"] == outcome.test_bleu
+  # The reported test BLEU is what `translate` gives on the run's final checkpoint, opened as a user would.
+  opened = run.load_run(tmp_path / "run")
+  assert opened.step == outcome.step == 3
+  test_pairs = load_pairs(config.data, "test")[:16]
+  hyps = translate(opened.model, opened.params, opened.vocab, [src for src, _ in test_pairs],
+                   **opened.config.decode.to_dict())
+  assert sacrebleu_score(hyps, [tgt for _, tgt in test_pairs])[0] == pytest.approx(outcome.test_bleu, abs=1e-9)
   assert len(outcome.samples) == 2 and all(isinstance(hyp, str) for _, _, hyp in outcome.samples)
   # Rerunning the finished run reports the same test BLEU again, in place of the old line.
   again = train_and_evaluate(config, tmp_path / "run")

@@ -1,10 +1,13 @@
 """The pure train/eval steps: schedules, loss, 1 vs 8 devices, FSDP, accumulation, non-finite guard."""
+import logging
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
+from data.vocab import BOS, EOS
 from train import loss as loss_lib
 from train import schedules
 from train import step as step_lib
@@ -24,10 +27,10 @@ def toy_batch(rows=16, length=7, seed=0):
   tgt_out = np.zeros((rows, length + 1), np.int32)
   for r in range(rows):
     n = length - r % 3
-    tokens = rng.randint(3, VOCAB, n)
+    tokens = rng.randint(EOS + 1, VOCAB, n)   # no special ids inside the text
     src[r, :n] = tokens
-    tgt_in[r, :n + 1] = np.concatenate([[1], tokens[::-1]])     # bos + target
-    tgt_out[r, :n + 1] = np.concatenate([tokens[::-1], [2]])    # target + eos
+    tgt_in[r, :n + 1] = np.concatenate([[BOS], tokens[::-1]])   # bos + target
+    tgt_out[r, :n + 1] = np.concatenate([tokens[::-1], [EOS]])  # target + eos
   segments = lambda x: (x != 0).astype(np.int32)
   positions = lambda x: np.where(x != 0, np.arange(x.shape[1]), 0).astype(np.int32)
   tgt_segments = (tgt_out != 0).astype(np.int32)
@@ -160,16 +163,19 @@ def test_one_device_equals_eight_devices():
 
 
 def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
-  """Mixed precision (model.matmul_dtype="bfloat16", model/precision.py) in the jitted data-parallel
+  """Mixed precision (model.matmul_dtype="bfloat16", kernels/mixed_matmul.py) in the jitted data-parallel
   step, fused loss included: losses within 1% of float32's, and 1 device equals 8."""
   config = tiny_config()
   config.model.matmul_dtype = "bfloat16"
   state1, hist1 = run(config, devices=jax.devices()[:1])
   state8, hist8 = run(config)
   np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=1e-4)
-  # (a float32 sum that differs in its last bit can round to a different bfloat16: a rare element
-  # differs by up to 2^-8 relative after a step, which is why the tolerance is wider than float32's)
-  assert_params_close(state1.params, state8.params, tol=1e-3)
+  # A float32 sum that differs in its last bit (another reduction order) can round to a different
+  # bfloat16: a rare element differs by up to 2^-8 relative after a step, and Adam's normalised update
+  # carries that into the next steps. So: nearly every element within 1e-3, none beyond 1e-2.
+  leaves = lambda s: [np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(s.params)]
+  diffs = np.abs(np.concatenate(leaves(state1)) - np.concatenate(leaves(state8)))
+  assert float(np.mean(diffs > 1e-3)) < 1e-3 and float(diffs.max()) < 1e-2, (np.sum(diffs > 1e-3), diffs.max())
   # FSDP with gradient accumulation and the full-logits loss: runs, and tracks float32 there too
   # (accumulation draws other dropout masks, so it is compared with float32 accumulation)
   _, hist_fsdp = run(config, fsdp=True, accum=2, loss_chunk_tokens=0)
@@ -225,11 +231,14 @@ def test_place_batch_names_a_missing_key():
     step_lib.place_batch(batch, mesh)
 
 
-def test_the_step_compiles_once_for_a_fixed_batch_shape():
+def test_the_step_compiles_once_for_a_fixed_batch_shape(caplog):
   mesh, _, state, _, train_step = setup(tiny_config())
-  for i in range(3):
-    state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(i))
-  assert train_step._cache_size() == 1
+  state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=0), mesh), jax.random.key(0))
+  with jax.log_compiles(), caplog.at_level(logging.WARNING):   # public: JAX logs every compilation
+    for i in (1, 2):
+      state, _ = train_step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(i))
+  compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+  assert not [m for m in compiled if "step" in m], compiled
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -260,22 +269,26 @@ def test_fused_output_losses_equal_full_logits(chunk, label_smoothing):
 
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_fused_and_full_logit_steps_train_alike(share_embeddings):
-  """A few steps with the fused output loss give the parameters and metrics of the full-logits path."""
+  """A few steps with the fused output loss (model.kernels "cpu") give the parameters and metrics of the
+  full-logits path: the same kernels with loss_chunk_tokens=0, and the reference, which never fuses."""
   config = tiny_config()
   config.model.share_embeddings = share_embeddings
+  config.model.dropout_rate = 0.0   # the reference draws other dropout masks
   results = []
-  for chunk in (0, 16):
+  for kernels, chunk in (("cpu", 16), ("cpu", 0), ("reference", 16)):
+    config.model.kernels = kernels
     mesh, _, state, _, step = setup(config, jax.devices()[:1], loss_chunk_tokens=chunk)
     history = []
     for i in range(3):
       state, metrics = step(state, step_lib.place_batch(toy_batch(seed=i), mesh), jax.random.key(7))
       history.append(jax.device_get(metrics))
     results.append((jax.device_get(state.params), history))
-  (params_full, hist_full), (params_fused, hist_fused) = results
-  for a, b in zip(hist_full, hist_fused):
-    for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
-      np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
-  assert_params_close(params_full, params_fused)
+  params_fused, hist_fused = results[0]
+  for params_full, hist_full in results[1:]:
+    for a, b in zip(hist_full, hist_fused):
+      for key in ("loss", "nll", "accuracy", "grad_norm", "tokens"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
+    assert_params_close(params_full, params_fused)
 
 
 def test_data_parallel_fused_loss_gathers_nothing():

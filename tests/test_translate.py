@@ -14,8 +14,8 @@ from decode.__main__ import main as decode_main
 from decode.beam_search import length_penalty
 from experiments import default
 from model import Transformer, TransformerConfig
-from train import checkpoint as ckpt
-from train import config_io
+from run import checkpoint as ckpt
+from run import config as config_io
 
 MODEL = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, max_len=64)
 
@@ -49,7 +49,7 @@ def model_and_params(vocab):
 def test_a_batch_equals_one_by_one_in_input_order(model_and_params, vocab, corpus):
   model, params = model_and_params
   sources = [s for s, _ in corpus["dev"][:7]] + [""] + [corpus["dev"][8][0]]
-  assert len({translate_lib._bucket(len(vocab.encode(s))) for s in sources if s}) >= 2
+  assert len({translate_lib.bucket_length(len(vocab.encode(s))) for s in sources if s}) >= 2
   kw = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=3 * 24 * 4, nbest=2)
   together = translate_lib.translate(model, params, vocab, sources, **kw)
   alone = [translate_lib.translate(model, params, vocab, [s], **kw)[0] for s in sources]
@@ -86,7 +86,7 @@ def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_par
   for r, s in enumerate(ids):
     src[r, :len(s)] = s
   limits = np.array([len(s) + 5 for s in ids], np.int32)
-  search = translate_lib._search_fn(model.cfg, 3, 0.6, 0, padded + 5)
+  search = translate_lib.search_fn(model.cfg, 3, 0.6, 0, padded + 5)
   seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), jax.random.key(0)))
   for r in range(4):
     for j in range(3):
@@ -103,9 +103,9 @@ def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_par
 
 
 def test_buckets_and_rows_keep_the_number_of_shapes_small():
-  assert [translate_lib._bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == \
+  assert [translate_lib.bucket_length(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == \
       [8, 8, 12, 12, 16, 24, 32, 48, 64, 96]
-  assert [translate_lib._rows(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+  assert [translate_lib.batch_rows(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
 
 
 def test_mismatched_vocabulary_size_is_refused(model_and_params, corpus):
@@ -129,7 +129,7 @@ def run(tmp_path_factory, model_and_params, vocab):
   config.model.dropout_rate = 0.0
   config_io.save_config(config, workdir)
   vocab_bytes = pathlib.Path(vocab.path).read_bytes() if vocab.path != "<memory>" else None
-  (workdir / "vocab.model").write_bytes(vocab_bytes or vocab._sp.serialized_model_proto())
+  (workdir / "vocab.model").write_bytes(vocab_bytes or vocab.model_bytes)
   manager = ckpt.make_manager(workdir, async_save=False)
   ckpt.save(manager, 5, params, None, {"step": 5, "vocab_fingerprint": vocab.fingerprint})
   manager.wait_until_finished()

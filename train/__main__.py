@@ -6,50 +6,67 @@
 
 Rerunning a command resumes its run directory. A misspelled --config.* key is an error.
 
+Every entry point (train, train.sweep, train.average, decode, export, benchmarks) parses its flags with
+argparse, in its own __main__ (or main()), and nowhere else. argparse is in the standard library, gives
+each command a --help with its usage, and lets tests call main(argv) in-process; `--config.KEY=VALUE`
+overrides go through experiments.apply_overrides, the same function the sweep, the benchmarks and the
+tests use, so an override means the same thing everywhere (absl's config_flags parsed them a second way).
+
 Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m train.launch`,
 each process joins the job by itself; by hand, give every process the same --coordinator_address and
 --num_processes and its own --process_id (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+import jax
+from absl import logging   # Orbax logs through absl
+
+import experiments
+from run.checkpoint import CheckpointMismatch
+from run.workdir import RunDirLocked
+from train import multihost
+from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "experiment file[:arg]", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default: the config's workdir)")
-_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                                 "join a multi-process job: auto (when launched as one), on (always; JAX "
-                                 "detects the cluster, e.g. a TPU pod slice), off")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (manual launch)")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "processes in the job (manual launch)")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "this process's index, 0..num_processes-1")
 
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config=... --workdir=...")
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m train", description=__doc__.split("\n")[0],
+                                   epilog="--config.KEY=VALUE overrides one key of the experiment's config "
+                                          "(e.g. --config.train.num_steps=5000).")
+  parser.add_argument("--config", default=_DEFAULT, help=f"experiment file[:arg] (default {_DEFAULT})")
+  parser.add_argument("--workdir", default=None, help="run directory (default: the config's workdir)")
+  group = parser.add_argument_group("several processes (docs/multihost.md)")
+  group.add_argument("--distributed", choices=multihost.MODES, default="auto",
+                     help="join a multi-process job: auto (when launched as one: srun, mpirun, train.launch "
+                          "or the flags below), on (always; JAX detects the cluster, e.g. a TPU pod slice), off")
+  group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0 (manual launch)")
+  group.add_argument("--num_processes", type=int, default=None, help="processes in the job (manual launch)")
+  group.add_argument("--process_id", type=int, default=None, help="this process's index, 0..N-1")
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; use --config=FILE[:arg] --workdir=DIR --config.KEY=VALUE")
+  try:
+    config = experiments.load_experiment(args.config)
+    experiments.apply_overrides(config, [a.removeprefix("--config.") for a in rest])
+  except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as error:
+    parser.error(str(error).strip("'\""))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
-  import jax
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  from train import multihost
   try:
-    multihost.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    multihost.initialize(args.distributed, args.coordinator_address, args.num_processes, args.process_id)
   except ValueError as error:
-    raise app.UsageError(str(error)) from None
-  from train.checkpoint import CheckpointMismatch
-  from train.train import NonFiniteError, train_and_evaluate
-  from train.run_dir import RunDirLocked
+    parser.error(str(error))
 
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or config.workdir
+  workdir = args.workdir or config.workdir
   try:
     outcome = train_and_evaluate(config, workdir)
   except (NonFiniteError, RunDirLocked, CheckpointMismatch) as error:
@@ -72,4 +89,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -15,7 +15,7 @@ import shutil
 import jax
 import numpy as np
 
-from train import checkpoint as ckpt
+from run import checkpoint as ckpt
 
 
 def average_params(param_trees):

@@ -22,13 +22,14 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from data.batching import BATCH_KEYS   # the data contract: one definition, in data/
 from model import Transformer, TransformerConfig
+from model.ops import ops_for
 from train import loss as loss_lib
 
-# Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses); 0: full logits.
+# Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, used where
+# the model's config.kernels picks the CPU fast paths); 0: full logits.
 DEFAULT_LOSS_CHUNK = 1024
-
-BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
 @flax.struct.dataclass
@@ -132,18 +133,20 @@ def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
 def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, deterministic, chunk_tokens=0):
   """Forward pass -> (smoothed loss sum, aux sums). Every sum is over real target tokens.
 
-  chunk_tokens > 0 fuses the output projection with the loss, chunk_tokens tokens at a time
-  (loss.fused_output_losses: same sums, no [tokens, vocab] logits in memory); 0 computes full logits.
+  Where the model's config.kernels picks the CPU fast paths and chunk_tokens > 0, the output projection
+  is fused with the loss, chunk_tokens tokens at a time (loss.fused_output_losses: same sums, no
+  [tokens, vocab] logits in memory); otherwise the reference: full logits, then the losses.
   """
+  ops = ops_for(model.cfg)
   inputs = dict(src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
                 src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
                 deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key})
   weights = (batch["tgt_segments"] != 0).astype(jnp.float32)                 # [rows, tgt_len]
   targets = batch["tgt_out"]
-  if chunk_tokens:
+  if chunk_tokens and ops.fused_loss:
     y, table = model.apply({"params": params}, batch["src"], batch["tgt_in"], method="features", **inputs)
     loss, nll, correct = loss_lib.fused_output_losses(y, table, targets, weights, label_smoothing,
-                                                      chunk_tokens, model.cfg.mixed_dtype)
+                                                      chunk_tokens, ops.matmul_dtype)
   else:
     logits = model.apply({"params": params}, batch["src"], batch["tgt_in"], **inputs)
     loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)

@@ -24,12 +24,9 @@ results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import importlib.util
 import inspect
 import json
-import math
 import os
 import pathlib
 import re
@@ -38,8 +35,11 @@ import subprocess
 import sys
 import time
 
-from train import config_io
-from train import metrics_io
+import experiments
+from run import config as config_io
+from run import metrics as metrics_io
+from run.workdir import RunDirLocked, RunLock, write_atomically
+from train.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 from train import slurm
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
@@ -57,17 +57,6 @@ class Trial:
 # ------------------------------------------------------------------------------------------------------
 # Declaring trials.
 # ------------------------------------------------------------------------------------------------------
-def load_module(path: str):
-  """Imports an experiment file by path (like config_io.load_experiment) and returns the module."""
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise FileNotFoundError(f"experiment file {path!r} does not exist; pass e.g. experiments/table3.py")
-  spec = importlib.util.spec_from_file_location(f"_sweep_{file.stem}", file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def _default_name(overrides: dict) -> str:
   return ",".join(f"{key.split('.')[-1]}={value}" for key, value in overrides.items()) or "default"
 
@@ -77,10 +66,10 @@ def declared_trials(config_spec: str, shared=()) -> tuple[list[Trial], dict]:
 
   Returns (trials, paper): paper is the file's PAPER dict ({trial name: {'ppl', 'bleu', ...}}) or {}.
   Raises ValueError naming the file and trial for a missing sweep function, a bad or duplicate name, or
-  an override of a key that does not exist (config_io.apply_overrides names the key).
+  an override of a key that does not exist (experiments.apply_overrides names the key).
   """
   path, _, arg = config_spec.partition(":")
-  module = load_module(path)
+  module = experiments.load_module(path)
   if not hasattr(module, "sweep"):
     raise ValueError(f"{path} has no sweep(add) function; add one that calls add(name=..., **overrides) "
                      f"per trial (see experiments/table3.py)")
@@ -100,10 +89,10 @@ def declared_trials(config_spec: str, shared=()) -> tuple[list[Trial], dict]:
   if not trials:
     raise ValueError(f"{path}: sweep() declared no trials")
   for trial in trials:
-    config = config_io.load_experiment(config_spec)
+    config = experiments.load_experiment(config_spec)
     try:
-      config_io.apply_overrides(config, list(shared))
-      config_io.apply_overrides(config, trial.overrides)
+      experiments.apply_overrides(config, list(shared))
+      experiments.apply_overrides(config, trial.overrides)
     except (KeyError, TypeError, ValueError) as error:
       raise ValueError(f"{path}: trial {trial.name!r}: {error}") from error
     for key, value in trial.overrides.items():
@@ -139,9 +128,7 @@ def read_status(trial_dir: pathlib.Path) -> dict:
 def write_status(trial_dir: pathlib.Path, **fields) -> None:
   status = read_status(trial_dir)
   status.update(fields)
-  tmp = trial_dir / (STATUS + ".tmp")
-  tmp.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
-  tmp.replace(trial_dir / STATUS)
+  write_atomically(trial_dir / STATUS, json.dumps(status, indent=2, sort_keys=True) + "\n")
 
 
 def reached_end(trial_dir: pathlib.Path) -> bool:
@@ -176,7 +163,6 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   log) -> a Popen-like handle runs it (default: a local subprocess; train.slurm.trial_starter: a job).
   Writes the results table and plot at the end, also after an interruption.
   """
-  from train.run_dir import RunDirLocked, RunLock
   workdir = pathlib.Path(workdir).absolute()
   out = out or sys.stdout
   shared = [s.removeprefix("--") for s in shared]
@@ -239,7 +225,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
                      command=command, pid=process.pid)
         running.append(_Running(trial, process, log, trial_dir))
         say(f"start {trial.name} ({started}/{started + len(todo)}{', resuming' if resumed else ''}): "
-            f"{_format_overrides(trial.overrides)}")
+            f"{format_overrides(trial.overrides)}")
       time.sleep(poll_seconds)
       for r in list(running):
         code = r.process.poll()
@@ -251,9 +237,9 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         if code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
           (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-          row = trial_row(r.trial, r.dir, config_spec, shared_overrides, paper)
-          say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {_fmt(row['dev_ppl'], 3)}, "
-              f"dev BLEU {_fmt(row['dev_bleu'], 2)}")
+          row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
+          say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
+              f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
         elif code == 0 or stop["signal"]:
           write_status(r.dir, status="interrupted", returncode=code, seconds=seconds)
           say(f"interrupted {r.trial.name}; rerun the command to resume it")
@@ -269,7 +255,8 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         r.process.wait()
     lock.release()
 
-  rows = [trial_row(t, workdir / t.name, config_spec, shared_overrides, paper) for t in trials]
+  rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides, paper)
+          for t in trials]
   paths = write_results(rows, workdir, paper=bool(paper), title=config_spec)
   counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
   say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
@@ -287,162 +274,6 @@ def _tail(path: pathlib.Path, lines: int = 8) -> str:
 
 def _jsonable(overrides: dict) -> dict:
   return json.loads(json.dumps(overrides))
-
-
-def _format_overrides(overrides: dict) -> str:
-  return " ".join(f"{k}={v}" for k, v in overrides.items()) or "(experiment defaults)"
-
-
-def _fmt(value, digits) -> str:
-  return "-" if value is None else f"{value:.{digits}f}"
-
-
-# ------------------------------------------------------------------------------------------------------
-# Results: one row per trial, a CSV, a Markdown table and a plot.
-# ------------------------------------------------------------------------------------------------------
-def trial_row(trial: Trial, trial_dir: pathlib.Path, config_spec: str, shared_overrides, paper: dict) -> dict:
-  """What the results table says about one trial (None where nothing was measured)."""
-  from model.config import TransformerConfig, num_params
-  config = config_io.load_experiment(config_spec)
-  config_io.apply_overrides(config, list(shared_overrides))
-  config_io.apply_overrides(config, trial.overrides)
-  vocab_size = int(config.data.vocab_size)
-  if (trial_dir / "vocab.model").exists():   # the trained vocabulary can be a little smaller
-    from data.vocab import Vocab
-    vocab_size = Vocab.load(str(trial_dir / "vocab.model")).size
-  try:
-    params = num_params(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
-  except ValueError:   # an invalid model (the trial's log says why): no count
-    params = None
-  lines = metrics_io.read_metrics(trial_dir) if (trial_dir / metrics_io.METRICS).exists() else []
-  train = [l for l in lines if "train/loss" in l]
-  evals = [l for l in lines if "eval/loss" in l]
-  bleus = [l for l in lines if "eval/bleu" in l]
-  tests = [l for l in lines if "test/bleu" in l]
-  status = read_status(trial_dir)
-  ref = paper.get(trial.name, {})
-  return {
-      "trial": trial.name,
-      "status": status["status"],
-      "overrides": _format_overrides(trial.overrides),
-      "params": params,
-      "steps": train[-1]["step"] if train else 0,
-      "dev_loss": evals[-1]["eval/loss"] if evals else None,
-      "dev_ppl": evals[-1]["eval/ppl"] if evals else None,
-      "dev_bleu": bleus[-1]["eval/bleu"] if bleus else None,
-      "dev_bleu_step": bleus[-1]["step"] if bleus else None,
-      "test_bleu": tests[-1]["test/bleu"] if tests else None,
-      "wall_clock_s": round(float(status.get("seconds", 0.0)), 1),
-      "paper_ppl": ref.get("ppl"),
-      "paper_bleu": ref.get("bleu"),
-      "paper_params_m": ref.get("params_m"),
-  }
-
-
-def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title: str) -> list[pathlib.Path]:
-  """Writes workdir/results.csv, results.md and results.png; returns their paths."""
-  columns = [c for c in rows[0] if paper or not c.startswith("paper_")]
-  csv_path = workdir / "results.csv"
-  with open(csv_path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-  md_path = workdir / "results.md"
-  md_path.write_text(f"# Sweep {title}\n\nRun directory: {workdir}\n\n" + markdown_table(rows, paper) + "\n"
-                     + "dev = the config's dev split (newstest2013 for WMT14); PPL per target piece at the "
-                       "last eval; BLEU: sacreBLEU at the last dev BLEU eval (its step in brackets)"
-                     + ("; paper: Table 3 (tokenized BLEU, ~0.7-1.5 above sacreBLEU)" if paper else "")
-                     + ".\n")
-  png_path = workdir / "results.png"
-  plot_results(rows, png_path, paper=paper, title=title)
-  return [csv_path, md_path, png_path]
-
-
-def markdown_table(rows: list[dict], paper: bool) -> str:
-  head = ["trial", "status", "overrides", "params", "steps", "dev loss", "dev PPL", "dev BLEU", "test BLEU",
-          "wall-clock"]
-  if paper:
-    head[7:7] = ["paper PPL"]
-    head[9:9] = ["paper BLEU"]
-  out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for r in rows:
-    bleu = _fmt(r["dev_bleu"], 2) + (f" ({r['dev_bleu_step']})" if r["dev_bleu"] is not None else "")
-    cells = [r["trial"], r["status"], r["overrides"], _count(r["params"]), str(r["steps"]),
-             _fmt(r["dev_loss"], 4), _fmt(r["dev_ppl"], 2), bleu, _fmt(r["test_bleu"], 2),
-             _duration(r["wall_clock_s"])]
-    if paper:
-      cells[7:7] = [_fmt(r["paper_ppl"], 2)]
-      cells[9:9] = [_fmt(r["paper_bleu"], 1)]
-    out.append("| " + " | ".join(cells) + " |")
-  return "\n".join(out) + "\n"
-
-
-def _count(n) -> str:
-  if n is None:
-    return "-"
-  return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
-
-
-def _duration(seconds: float) -> str:
-  if seconds < 120:
-    return f"{seconds:.0f} s"
-  if seconds < 7200:
-    return f"{seconds / 60:.0f} min"
-  return f"{seconds / 3600:.1f} h"
-
-
-def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: str) -> None:
-  """Two panels of horizontal bars, one row per trial: dev PPL and dev BLEU, ours beside the paper's."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  names = [r["trial"] for r in rows]
-  n = len(rows)
-  fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.5 * n * (1.3 if paper else 1)), sharey=True)
-  panels = [("dev_ppl", "paper_ppl", "dev perplexity (lower is better)", 2),
-            ("dev_bleu", "paper_bleu", "dev BLEU (higher is better)", 1)]
-  height = 0.38 if paper else 0.6
-  for ax, (ours_key, paper_key, label, digits) in zip(axes, panels):
-    ours = [r[ours_key] for r in rows]
-    theirs = [r[paper_key] for r in rows] if paper else [None] * n
-    values = [v for v in ours + theirs if v is not None]
-    offset = height / 2 if paper else 0.0
-    series = [(ours, -offset, "#1f77b4", "ours")]
-    if paper:
-      series.append((theirs, offset, "#b0b0b0", "paper"))
-    for vals, shift, color, legend in series:
-      ys = [i + shift for i, v in enumerate(vals) if v is not None]
-      xs = [v for v in vals if v is not None]
-      ax.barh(ys, xs, height=height, color=color, label=legend)
-      for y, x in zip(ys, xs):
-        ax.text(x, y, f" {x:.{digits}f}", va="center", fontsize=8)
-    for i, r in enumerate(rows):
-      if r[ours_key] is None:
-        ax.text(0, i - offset, f"  {r['status'] if r['status'] != 'done' else 'not measured'}",
-                va="center", fontsize=8, color="#c0392b")
-    if values and ours_key == "dev_ppl" and min(values) > 0 and max(values) / min(values) > 20:
-      ax.set_xscale("log")
-      label += ", log scale"
-    if values:
-      lo = ax.get_xlim()[0]
-      ax.set_xlim(lo, max(values) * (1.35 if ax.get_xscale() == "linear" else 3))
-    ax.set_xlabel(label)
-    ax.grid(axis="x", alpha=0.3)
-    if not values:
-      ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="#888888")
-  axes[0].set_yticks(range(n))
-  axes[0].set_yticklabels(names)
-  axes[0].invert_yaxis()
-  done = sum(r["status"] == "done" for r in rows)
-  fig.suptitle(f"sweep {title}: {done}/{n} trials done", fontsize=11, x=0.01, ha="left")
-  if paper:
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, ["ours (this run's dev split)", "paper, Table 3 (newstest2013)"], loc="upper right",
-               fontsize=8, frameon=False, ncol=2)
-  fig.tight_layout(rect=(0, 0, 1, 1 - 0.12 / fig.get_figheight()))
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------------------------

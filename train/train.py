@@ -29,8 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from train import checkpoint as ckpt
-from train import config_io, metrics_io, multihost, run_dir, schedules
+from data import load_pairs, make_eval_batches, make_train_iterator
+from decode.bleu import sacrebleu_score
+from decode.translate import translate
+from run import checkpoint as ckpt
+from run import checkpoint_arg, get_vocab
+from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from train import multihost, schedules
 from train import step as step_lib
 from train.optimizer import make_optimizer
 
@@ -101,7 +106,8 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
     return
   old = json.loads(path.read_text())
   changes = config_io.diff_configs(old, config.to_dict())
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
+           and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
   if fatal and has_checkpoints:
     raise ValueError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
@@ -122,8 +128,6 @@ def _bleu(model, params, vocab, pairs, decode_config):
   With several processes each translates its share of the sentences on its own devices, and all get all
   the hypotheses (the same ones as one process would find).
   """
-  from decode.bleu import sacrebleu_score
-  from decode.translate import translate
   host_params = multihost.host_tree(params)
   hyps = multihost.map_split(
       lambda sources: translate(model, host_params, vocab, sources, beam_size=decode_config.beam_size,
@@ -150,7 +154,6 @@ def train_and_evaluate(config, workdir) -> Outcome:
 
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
-  from data import get_vocab, load_pairs, make_eval_batches, make_train_iterator
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
@@ -222,7 +225,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
       run, _, which = tc.init_checkpoint.partition(":")
-      which = None if not which else which if which == "averaged" else int(which)
+      which = checkpoint_arg(which)
       init_params, init_step = ckpt.load_params(run, which)
       if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
           a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),

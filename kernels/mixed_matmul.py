@@ -1,4 +1,5 @@
-"""Matrix multiplies with low-precision operands and float32 accumulation ("mixed precision").
+"""Matrix multiplies with low-precision operands and float32 accumulation ("mixed precision"), laid out
+for XLA:CPU. The reference is model.ops.rounded_dot_general (round, then lax.dot_general into float32).
 
     out = mixed_dot_general(lhs, rhs, dimension_numbers, dtype=jnp.bfloat16)   # float32 out
 

@@ -11,6 +11,8 @@ import json
 import math
 import pathlib
 
+from run.workdir import write_atomically
+
 METRICS = "metrics.jsonl"
 TB = "tb"
 
@@ -73,9 +75,7 @@ def truncate_after(path, step: int, drop_reports_at_step: bool = False) -> None:
         kept.append(line)
     except (ValueError, KeyError):
       continue   # a line cut short by a kill
-  tmp = path.with_suffix(".jsonl.tmp")
-  tmp.write_text("".join(line + "\n" for line in kept))
-  tmp.replace(path)
+  write_atomically(path, "".join(line + "\n" for line in kept))
 
 
 def read_metrics(workdir) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Dropout with 16-bit random thresholds: the same estimator as flax.linen.Dropout at half the random bits.
+"""Dropout with 16-bit random thresholds: the same estimator as flax.linen.Dropout at half the random bits
+(the CPU fast path of the model's nn.Dropout).
 
 On a CPU, drawing the dropout mask is a noticeable part of a training step (threefry costs about as much
 as a small matmul per element). flax's Dropout draws one 32-bit uniform float per element; here every
@@ -41,11 +42,12 @@ def dropout(x, rate: float, rng) -> jax.Array:
 
 
 class Dropout(nn.Module):
-  """Drop-in for flax.linen.Dropout(rate) (same 'dropout' rng stream, same `deterministic` switch)."""
+  """Drop-in for flax.linen.Dropout(rate): same 'dropout' rng stream, same `deterministic` switch, and
+  an explicit `rng` may be passed instead."""
   rate: float
 
   @nn.compact
-  def __call__(self, x, deterministic: bool = True):
+  def __call__(self, x, deterministic: bool = True, rng=None):
     if deterministic or self.rate <= 0.0:
       return x
-    return dropout(x, self.rate, self.make_rng("dropout"))
+    return dropout(x, self.rate, self.make_rng("dropout") if rng is None else rng)

@@ -1,6 +1,6 @@
-"""The run directory's bookkeeping: the single-trainer lock and versions.json.
+"""The run directory's bookkeeping: the single-trainer lock, versions.json and atomic writes.
 
-Layout of a run directory (see /README "Training"):
+Layout of a run directory (see docs/runs.md):
     config.json  vocab.model  versions.json  LOCK  metrics.jsonl  tb/  checkpoints/<step>/  averaged/<step>/
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 LOCK = "LOCK"
 VERSIONS = "versions.json"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections",
-             "sentencepiece", "sacrebleu", "grain", "tensorflow-datasets", "tensorboardX")
+             "sentencepiece", "sacrebleu", "tensorflow-datasets", "tensorboardX")
 
 
 class RunDirLocked(RuntimeError):
@@ -64,6 +64,20 @@ class RunLock:
     self.release()
 
 
+def write_atomically(path, data: str | bytes) -> pathlib.Path:
+  """Writes `data` to `path` through a temporary file in the same directory, then renames it: a reader
+  (or a crash) sees the old file or the new one, never half of one. The only copy of this pattern."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  if isinstance(data, bytes):
+    tmp.write_bytes(data)
+  else:
+    tmp.write_text(data, encoding="utf-8")
+  os.replace(tmp, path)
+  return path
+
+
 def write_versions(workdir) -> pathlib.Path:
   """workdir/versions.json: Python and the versions of the packages a result depends on."""
   versions = {"python": sys.version.split()[0]}
@@ -72,6 +86,4 @@ def write_versions(workdir) -> pathlib.Path:
       versions[name] = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
       versions[name] = None
-  path = pathlib.Path(workdir) / VERSIONS
-  path.write_text(json.dumps(versions, indent=2) + "\n")
-  return path
+  return write_atomically(pathlib.Path(workdir) / VERSIONS, json.dumps(versions, indent=2) + "\n")

@@ -1,0 +1,46 @@
+"""Export a trained run to Hugging Face (a MarianMTModel directory) or to CTranslate2.
+
+    python -m export --workdir RUN [--checkpoint STEP|averaged|latest] --format hf|ctranslate2 --out DIR
+
+export/weights.py holds what both share (checks, the d_model permutation, the neutral weight dict);
+export/hf.py and export/ctranslate2.py write one format each. Both need the `interop` extra:
+pip install -e '.[interop]'.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import sys
+
+import run
+from model.config import as_dtype
+from export.weights import FORMATS, UnsupportedOption, check_exportable
+
+__all__ = ["FORMATS", "UnsupportedOption", "check_exportable", "export_run"]
+
+
+def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
+  """Exports run `workdir` (checkpoint None = latest, a step, or 'averaged') to `fmt` in `out_dir`.
+
+  The architecture is checked against the format before any checkpoint is read. Returns the directory.
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"--format {fmt!r}: use one of {FORMATS}")
+  opened = run.load_run(workdir, checkpoint, check=functools.partial(check_exportable, fmt=fmt))
+  cfg, spm_path = opened.model_config, pathlib.Path(opened.vocab.path)
+  if cfg.matmul_dtype is not None and as_dtype(cfg.matmul_dtype) != as_dtype(cfg.dtype):
+    print(f"note: {workdir} computes its matmuls with {cfg.matmul_dtype} operands (mixed precision); the "
+          f"exported model computes them in float32 from the same float32 weights, so its logits differ "
+          f"from ours by that rounding", file=sys.stderr)
+  if fmt == "hf":
+    from export import hf   # torch and transformers: only for this format
+    beam = opened.config.decode.get("beam_size") if "decode" in opened.config else None
+    out = hf.export_hf(opened.params, cfg, opened.vocab, spm_path, out_dir, beam_size=beam)
+  else:
+    from export import ctranslate2
+    out = ctranslate2.export_ctranslate2(opened.params, cfg, opened.vocab, spm_path, out_dir)
+  (out / "aiayn_export.json").write_text(json.dumps(
+      {"workdir": str(pathlib.Path(workdir).absolute()), "step": int(opened.step), "format": fmt,
+       "layer_norm_epsilon": cfg.layer_norm_epsilon}, indent=2) + "\n")
+  return out

@@ -1,0 +1,29 @@
+"""Fast paths for XLA:CPU beside the plain model: same results as model/ and train/loss.py, laid out for
+one compiler. Each module holds one fast path and knows nothing about the Transformer; model/ops.py
+plugs them in (the way Flax plugs fp8 matmuls into Dense through `dot_general`) when
+TransformerConfig.kernels chooses them:
+
+  mixed_matmul   bfloat16-operand matmuls with float32 accumulation, custom gradient (mixed precision)
+  dropout16      dropout drawing 16 random bits per element instead of 32
+  decode_cache   head-major decoding caches stored in the matmul dtype, and beam-slot caches that beam
+                 search never copies
+  output_layer   the pre-softmax weights transposed once per batch for decoding
+  fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
+
+Every one was measured faster on XLA:CPU only (docs/model.md); on GPU and TPU their optimization
+barriers and layouts would block fusion, so "auto" picks the reference there.
+"""
+from __future__ import annotations
+
+import jax
+
+CHOICES = ("auto", "reference", "cpu")
+
+
+def resolve(kernels: str) -> str:
+  """'auto' -> 'cpu' when JAX's default backend is the CPU, else 'reference'; the others unchanged."""
+  if kernels not in CHOICES:
+    raise ValueError(f"kernels={kernels!r} is not one of {list(CHOICES)}")
+  if kernels == "auto":
+    return "cpu" if jax.default_backend() == "cpu" else "reference"
+  return kernels

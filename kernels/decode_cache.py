@@ -1,0 +1,147 @@
+"""Decoding caches for XLA:CPU: head-major keys and values stored in the matmul dtype, and beam slots.
+
+Same methods as model.cache.KVCache (the reference, position-major, gathered by beam search), same
+results up to float rounding:
+
+- HeadMajorCache: keys [n, h, L, d_k] and values [n, h, L, d_v]. With heads before positions both
+  attention matmuls read the (long) cache as it lies in memory; the position-major layout makes XLA:CPU
+  transpose the whole cache at every step. With mixed precision the cache (self and cross) is stored
+  already rounded to the matmul dtype: the matmuls would round it anyway, so the numbers are the same at
+  half the memory.
+- BeamSlotCache: for beam search, keys and values are never reordered. Row r*k + j's cache is beam
+  *slot* j of sentence r, written by whichever hypothesis held the slot at each step; 'slot_history'
+  int32 [n, L] names, per row and position, the slot holding that entry, and only it is reordered. Each
+  hypothesis attends over (slot, position) jointly (`beam_attention`), k times the small attention
+  arithmetic of one step instead of copying every layer's cache at every step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels.mixed_matmul import einsum
+
+_MASKED = -1e9   # as model.attention: zeroes a float32 softmax entry without overflowing
+
+
+def _weighted_values(spec, weights, v, dtype, matmul_dtype):
+  """The attention weights (float32) times the values, in `dtype` (or mixed precision)."""
+  if matmul_dtype is None:
+    return jnp.einsum(spec, weights.astype(dtype), v.astype(dtype))
+  return einsum(spec, weights, v, matmul_dtype).astype(dtype)
+
+
+def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
+  """q [b, q_len, h, d_k] against head-major k [b, h, kv_len, d_k] and v [b, h, kv_len, d_v]; mask bool
+  broadcastable to [b, h, q_len, kv_len]. Returns [b, q_len, h, d_v] in `dtype`."""
+  scale = q.shape[-1] ** -0.5
+  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
+  k = k if matmul_dtype is not None else k.astype(q.dtype)  # (mixed: the cache is stored rounded)
+  logits = einsum("bhqd,bhkd->bhqk", q, k, matmul_dtype)                  # float32 [b, h, q_len, kv_len]
+  weights = jax.nn.softmax(jnp.where(mask, logits, _MASKED), axis=-1)
+  out = _weighted_values("bhqk,bhkd->bhqd", weights, v, dtype, matmul_dtype)  # [b, h, q_len, d_v]
+  return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
+
+
+def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
+  """Attention of each sentence's k hypotheses against the caches of all k of its beam slots.
+
+  q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, L, d_k] and
+  v: [b, k, h, L, d_v], the head-major caches of the sentence's k slots; mask: bool [b, k, 1, k, L],
+  True where slot s's entry at position t belongs to hypothesis j's history (mask[r, s, 0, j, t]).
+  The softmax runs over (slot, position) jointly. Returns [b, k, h, d_v] in `dtype`.
+  """
+  scale = q.shape[-1] ** -0.5
+  q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, j, d_k] (small)
+  if matmul_dtype is not None:   # round the operands as a mixed-precision matmul would
+    q, k = q.astype(matmul_dtype), k.astype(matmul_dtype)
+  # A multiply-and-sum rather than a batched matmul: XLA:CPU fuses it into one pass over the keys.
+  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
+                   * k[:, :, :, None].astype(jnp.float32), axis=-1)        # [b, s, h, j, L]
+  logits = jnp.where(mask, logits, _MASKED)
+  logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
+  weights = jnp.exp(logits)
+  weights = weights / jnp.sum(weights, axis=(1, 4), keepdims=True)
+  out = _weighted_values("bshjt,bshtd->bshjd", weights, v, dtype, matmul_dtype)  # [b, s, h, j, d_v]
+  return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadMajorCache:
+  """See the module docstring. matmul_dtype: None, or the operand dtype of mixed precision."""
+  num_layers: int
+  num_heads: int
+  d_k: int
+  d_v: int
+  dtype: Any
+  matmul_dtype: Any = None
+
+  def init(self, batch_size: int, max_len: int) -> dict:
+    dtype = self.matmul_dtype or self.dtype   # only matmuls read it: stored rounded
+    layer = lambda: {"k": jnp.zeros((batch_size, self.num_heads, max_len, self.d_k), dtype),
+                     "v": jnp.zeros((batch_size, self.num_heads, max_len, self.d_v), dtype)}
+    return {"index": jnp.zeros((batch_size,), jnp.int32),
+            "layers": [layer() for _ in range(self.num_layers)]}
+
+  def start_step(self, cache: dict, index, num_sentences: int):
+    return {}, None
+
+  def prepare_cross(self, keys, values):
+    """[b, src_len, h, d] -> head-major [b, h, src_len, d], rounded once for mixed precision."""
+    dtype = self.matmul_dtype or keys.dtype
+    return jnp.swapaxes(keys, 1, 2).astype(dtype), jnp.swapaxes(values, 1, 2).astype(dtype)
+
+  def _write(self, layer_cache, k_new, v_new, index):
+    write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(
+        cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), index, axis=2)
+    return write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)   # [n, h, L, d]
+
+  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
+    del attend, context
+    k, v = self._write(layer_cache, k_new, v_new, index)
+    visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]        # [1, 1, 1, L]
+    return cached_attention(q, k, v, visible, self.dtype, self.matmul_dtype), {"k": k, "v": v}
+
+  def attend_cross(self, attend, q, keys, values, mask):
+    del attend
+    return cached_attention(q, keys, values, mask, self.dtype, self.matmul_dtype)
+
+  def reorder(self, cache: dict, rows) -> dict:
+    return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), cache)
+
+
+class BeamSlotCache(HeadMajorCache):
+  """See the module docstring; reorder with `reorder` (beam_search(..., reorder=...))."""
+
+  def init(self, batch_size: int, max_len: int) -> dict:
+    cache = super().init(batch_size, max_len)
+    cache["slot_history"] = jnp.zeros((batch_size, max_len), jnp.int32)
+    return cache
+
+  def start_step(self, cache: dict, index, num_sentences: int):
+    """Row r writes its entry at `index` into its own slot and reads earlier ones from the slots that
+    wrote them. Returns ({'slot_history'}, history bool [b, k(slot), 1, k(hypothesis), L])."""
+    n = cache["slot_history"].shape[0]
+    b, beams = num_sentences, n // num_sentences
+    slot_history = jax.lax.dynamic_update_slice_in_dim(
+        cache["slot_history"], (jnp.arange(n, dtype=jnp.int32) % beams)[:, None], index, axis=1)
+    length = slot_history.shape[1]
+    wrote = slot_history.reshape(b, 1, 1, beams, length) == jnp.arange(beams)[None, :, None, None, None]
+    return {"slot_history": slot_history}, wrote & (jnp.arange(length) <= index)
+
+  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
+    del attend
+    k, v = self._write(layer_cache, k_new, v_new, index)
+    b, beams = context.shape[:2]
+    slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, L, d] (no copy)
+    heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), context,
+                           self.dtype, self.matmul_dtype)                  # [b, k, h, d_v]
+    return heads, {"k": k, "v": v}   # the layer projects, then reshapes to [n, 1, d_model]
+
+  def reorder(self, cache: dict, rows) -> dict:
+    """Gathers only 'index' and 'slot_history': keys and values stay where they were written."""
+    take = lambda x: jnp.take(x, rows, axis=0)
+    return dict(cache, index=take(cache["index"]), slot_history=take(cache["slot_history"]))

@@ -1,0 +1,81 @@
+"""What the layers compute with: the plain reference operations, or the kernels/ fast paths.
+
+TransformerConfig.kernels chooses, once, here: "reference" uses the plain pieces below and model/cache.py;
+"cpu" plugs in the XLA:CPU fast paths of kernels/ (same results, see tests/test_kernels.py); "auto" picks
+"cpu" on the CPU backend only. The layers receive the chosen pieces as arguments (a `dot_general` for
+their matmuls, a dropout module class, a decoding cache), so they read the same either way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jax import lax
+
+import kernels
+from kernels import decode_cache, dropout16, mixed_matmul, output_layer
+from model.cache import KVCache
+from model.config import TransformerConfig, as_dtype
+
+
+def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                        dtype):
+  """Mixed precision as written: both operands rounded to `dtype`, products accumulated in float32."""
+  del preferred_element_type
+  return lax.dot_general(lhs.astype(dtype), rhs.astype(dtype), dimension_numbers, precision,
+                         preferred_element_type=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+  """The pieces the layers are built from.
+
+  dot_general: for every matmul (None: lax.dot_general in the compute dtype; set for mixed precision).
+  dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
+  cache: beam_slots -> the decoding cache (model.cache.KVCache's methods).
+  decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
+  batch from the [vocab, d_model] table), and decoder outputs [n, d_model] x those -> float32 logits.
+  fused_loss: train/ may fuse the output layer with the loss (kernels/fused_loss.py).
+  matmul_dtype: cfg.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
+  (mixed precision), else None.
+  """
+  matmul_dtype: Any
+  dot_general: Callable | None
+  dropout: type
+  cache: Callable[[bool], Any]
+  decoding_weights: Callable
+  decoding_logits: Callable
+  fused_loss: bool
+
+  @property
+  def float32_dot_general(self):
+    """A dot_general whose result is float32 whatever the operands (the output layer's)."""
+    return self.dot_general or functools.partial(lax.dot_general, preferred_element_type=jnp.float32)
+
+
+def _reference_logits(dot_general, y, table):
+  return jnp.einsum("nd,vd->nv", y.astype(table.dtype), table, preferred_element_type=jnp.float32,
+                    _dot_general=dot_general or lax.dot_general)
+
+
+def ops_for(cfg: TransformerConfig) -> Ops:
+  """The reference or fast pieces for `cfg` (see the module docstring)."""
+  dtype = as_dtype(cfg.dtype)
+  matmul = as_dtype(cfg.matmul_dtype)
+  mixed = matmul if matmul is not None and matmul != dtype else None   # operands rounded below dtype
+  shape = dict(num_layers=cfg.num_decoder_layers, num_heads=cfg.num_heads, d_k=cfg.head_dim_k,
+               d_v=cfg.head_dim_v, dtype=dtype)
+  if kernels.resolve(cfg.kernels) == "cpu":
+    def cache(beam_slots):
+      kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
+      return kind(**shape, matmul_dtype=mixed)
+    return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed), dropout=dropout16.Dropout, cache=cache,
+               decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),
+               decoding_logits=output_layer.logits, fused_loss=True)
+  dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=lambda beam_slots: KVCache(**shape),
+             decoding_weights=lambda table: table,
+             decoding_logits=functools.partial(_reference_logits, dot_general), fused_loss=False)

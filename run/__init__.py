@@ -1,0 +1,105 @@
+"""One way to open a run: `load_run(workdir, checkpoint=None) -> Run(config, model, params, vocab, step)`.
+
+This package owns the run directory written by `python -m train` (layout in docs/runs.md):
+
+    config.json        run/config.py      the experiment config the run was trained with
+    vocab.model        data/vocab.py      the SentencePiece vocabulary (its fingerprint is in every checkpoint)
+    checkpoints/<step> run/checkpoint.py  Orbax checkpoints: params, opt_state, meta
+    averaged/<step>    run/checkpoint.py  the average written by `python -m train.average`
+    LOCK, versions.json, atomic writes    run/workdir.py
+    metrics.jsonl, tb/ run/metrics.py
+
+Decoding, export, averaging, the sweep table and notebooks open runs through here; nothing in `run/`
+imports train/, decode/ or export/ (tests/test_imports.py keeps it so).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+from typing import Any
+
+import ml_collections
+
+from data.sources import load_pairs
+from data.vocab import VOCAB_FILE, Vocab, check_vocab, train_vocab
+from model import Transformer, TransformerConfig
+from run import checkpoint as ckpt
+from run.config import load_run_config
+from run.workdir import write_atomically
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A trained run, ready to decode: `translate(run.model, run.params, run.vocab, sentences)`."""
+  config: ml_collections.ConfigDict   # the whole experiment config (model, data, train, decode)
+  model: Transformer
+  params: Any                         # the parameter pytree, on the first local device
+  vocab: Vocab
+  step: int                           # the training step of the checkpoint (of its newest step if averaged)
+
+  @property
+  def model_config(self) -> TransformerConfig:
+    return self.model.cfg
+
+
+def checkpoint_arg(text):
+  """A --checkpoint value -> load_run's `checkpoint`: None/''/'latest' -> None, 'averaged', or a step.
+
+  The `type=` of every --checkpoint flag (decode, export); a bad value is a usage error naming it.
+  """
+  if text is None or isinstance(text, int) or text == "averaged":
+    return text
+  if text in ("", "latest"):
+    return None
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number, 'averaged' or 'latest'") from None
+
+
+def model_config(config: ml_collections.ConfigDict, vocab: Vocab) -> TransformerConfig:
+  """The architecture of a run: its config.model plus the vocabulary's size."""
+  return TransformerConfig(vocab_size=vocab.size, **config.model.to_dict())
+
+
+def load_vocab(workdir) -> Vocab:
+  """workdir/vocab.model, with an error naming the directory if it is missing."""
+  path = pathlib.Path(workdir) / VOCAB_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} not found: is {str(workdir)!r} a run directory written by "
+                            f"`python -m train`?")
+  return Vocab.load(path)
+
+
+def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run:
+  """Opens run directory `workdir` for decoding, export or analysis.
+
+  checkpoint: None = the newest readable training checkpoint; an int = that step; 'averaged' = the average
+  written by `python -m train.average`. The checkpoint's vocabulary fingerprint must match vocab.model.
+  check: an optional callable(TransformerConfig) run before any checkpoint is read (export uses it to
+  refuse an architecture its format cannot express without loading the weights first).
+  """
+  config = load_run_config(workdir)
+  vocab = load_vocab(workdir)
+  cfg = model_config(config, vocab)
+  if check is not None:
+    check(cfg)
+  params, step = ckpt.load_params(workdir, checkpoint)
+  check_vocab(vocab, ckpt.read_meta(workdir, step, checkpoint).get("vocab_fingerprint"),
+              f"checkpoint {step} of {workdir}")
+  return Run(config=config, model=Transformer(cfg), params=params, vocab=vocab, step=step)
+
+
+def get_vocab(data_config, workdir) -> Vocab:
+  """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
+  path = pathlib.Path(workdir) / VOCAB_FILE
+  if path.exists():
+    return Vocab.load(path)
+  pairs = load_pairs(data_config, "train")
+  texts = [side for pair in pairs for side in pair]
+  model = train_vocab(texts, int(data_config.vocab_size), seed=int(data_config.get("vocab_seed", 0)),
+                      sample_sentences=int(data_config.vocab_sample_sentences),
+                      model_type=data_config.get("vocab_model_type", "bpe"))
+  write_atomically(path, model)
+  return Vocab(model, path)

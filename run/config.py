@@ -1,0 +1,43 @@
+"""A run's config: workdir/config.json, written once by the trainer and read by everything that opens the
+run (experiments are loaded by experiments/__init__.py).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_collections
+
+from run.workdir import write_atomically
+
+CONFIG_FILE = "config.json"
+
+
+def save_config(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
+  """Writes workdir/config.json (atomically: tmp file then rename)."""
+  return write_atomically(pathlib.Path(workdir) / CONFIG_FILE,
+                          json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load_run_config(workdir) -> ml_collections.ConfigDict:
+  """workdir/config.json -> the locked ConfigDict the run was trained with."""
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} not found: is {workdir!r} a run directory written by `python -m train`?")
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  config.lock()
+  return config
+
+
+def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """Dotted keys whose values differ between two nested dicts (missing keys count as different)."""
+  keys = sorted(set(old) | set(new))
+  out = []
+  for key in keys:
+    a, b = old.get(key), new.get(key)
+    name = f"{prefix}{key}"
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += diff_configs(a, b, name + ".")
+    elif a != b:
+      out.append(f"{name}: {a!r} -> {b!r}")
+  return out

@@ -1,0 +1,68 @@
+"""Dependencies point one way: data, kernels <- model <- run <- decode <- train, export <- experiments <- the
+command lines that load experiments (python -m train, train.sweep, benchmarks); see docs/runs.md.
+Reads every module's imports (also those inside functions) with ast.
+"""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Rank of each top-level package (or module): a module may import its own package and lower ranks only.
+# train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS; the command
+# lines that load experiments (python -m train, python -m train.sweep, benchmarks) sit on top.
+RANK = {"data": 0, "kernels": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
+        "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6}
+PACKAGES = {"data", "kernels", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
+
+
+def _layer(module: str) -> str:
+  """'train.sweep_report' -> 'train.sweep_report' if ranked on its own, else its top-level package."""
+  parts = module.split(".")
+  return ".".join(parts[:2]) if ".".join(parts[:2]) in RANK else parts[0]
+
+
+def _imports(path: pathlib.Path, module: str):
+  """(line, imported module) for every import statement in the file, at any depth."""
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield node.lineno, alias.name
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:   # `from run import checkpoint` imports run.checkpoint
+        yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def _modules():
+  for package in sorted(PACKAGES):
+    for path in sorted((ROOT / package).rglob("*.py")):
+      parts = path.relative_to(ROOT).with_suffix("").parts
+      yield path, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def edges_against_order():
+  bad = []
+  for path, module in _modules():
+    mine = _layer(module)
+    for line, target in _imports(path, module):
+      if target.split(".")[0] not in PACKAGES:
+        continue
+      theirs = _layer(target)
+      if theirs.split(".")[0] == mine.split(".")[0] and RANK[theirs] <= RANK[mine]:
+        continue   # inside one package (train.sweep may use train.*, not the other way round)
+      if RANK[theirs] >= RANK[mine]:
+        bad.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target} "
+                   f"({mine} rank {RANK[mine]} -> {theirs} rank {RANK[theirs]})")
+  return bad
+
+
+def test_dependencies_point_one_way():
+  assert edges_against_order() == []
+
+
+def test_the_check_sees_an_edge_against_the_order(tmp_path, monkeypatch):
+  # The test itself can fail: a run/ module importing train/ is reported with its line.
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "bad.py").write_text("def f():\n  from train import train\n")
+  monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+  assert edges_against_order() == ["run/bad.py:2: run.bad imports train.train (run rank 2 -> train rank 4)"]

@@ -1,0 +1,141 @@
+"""The CPU fast paths of kernels/ against the reference model: the switch, and equal results.
+
+Per-kernel tests live beside their reference: the mixed matmul in test_precision.py, the 16-bit dropout
+in test_dropout.py, the fused loss in test_train_step.py, the beam-slot search in test_beam_search.py,
+cached decoding with either cache in test_model.py.
+"""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels
+from kernels import dropout16
+from model import Transformer, TransformerConfig, init_cache, reorder_cache
+from model.ops import ops_for
+
+SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
+                          num_decoder_layers=2, dropout_rate=0.0, max_len=32)
+
+
+def _ids(rng, shape):
+  return jnp.asarray(rng.integers(3, 40, size=shape), jnp.int32)
+
+
+def test_auto_picks_the_fast_paths_on_the_cpu_backend_only(monkeypatch):
+  assert jax.default_backend() == "cpu"
+  assert kernels.resolve("auto") == "cpu" and ops_for(SMALL).fused_loss
+  assert kernels.resolve("reference") == "reference" and kernels.resolve("cpu") == "cpu"
+  for backend in ("gpu", "tpu"):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert kernels.resolve("auto") == "reference"
+    ops = ops_for(SMALL)
+    assert not ops.fused_loss and ops.dropout is nn.Dropout and ops.dot_general is None
+  with pytest.raises(ValueError, match="kernels='fast' is not one of"):
+    kernels.resolve("fast")
+
+
+def _loss_and_grads(cfg, params, src, tgt, dropout_key=None):
+  model = Transformer(cfg)
+
+  def loss(p):
+    rngs = None if dropout_key is None else {"dropout": dropout_key}
+    logits = model.apply({"params": p}, src, tgt, deterministic=dropout_key is None, rngs=rngs)
+    return jnp.sum(jax.nn.log_softmax(logits)[..., 5]), logits
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("changes", [{}, dict(share_embeddings=False, pre_norm=True)])
+def test_cpu_model_equals_reference_in_float32(changes):
+  """Same logits and gradients (float32 rounding apart): the fast paths change layout, not arithmetic."""
+  rng = np.random.default_rng(0)
+  src, tgt = _ids(rng, (3, 7)), _ids(rng, (3, 6))
+  reference = SMALL.replace(kernels="reference", **changes)
+  params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
+  (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
+  (_, got), got_grads = _loss_and_grads(reference.replace(kernels="cpu"), params, src, tgt)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  for g, w in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_mixed_precision_equals_rounded_reference():
+  """bfloat16 matmul operands: both round the same operands and accumulate in float32, so the logits
+  agree to float32 rounding; the gradients differ only where the custom gradient also rounds the
+  cotangent to bfloat16 (the reference's autodiff keeps it float32), i.e. at bfloat16 precision."""
+  rng = np.random.default_rng(1)
+  src, tgt = _ids(rng, (3, 7)), _ids(rng, (3, 6))
+  reference = SMALL.replace(kernels="reference", matmul_dtype="bfloat16")
+  params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
+  (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
+  (_, got), got_grads = _loss_and_grads(reference.replace(kernels="cpu"), params, src, tgt)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  (_, exact), _ = _loss_and_grads(SMALL.replace(kernels="reference"), params, src, tgt)
+  assert float(jnp.max(jnp.abs(want - exact))) > 1e-3        # the reference really rounds
+  flat = lambda gs: jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(gs)])
+  g, w = flat(got_grads), flat(want_grads)
+  assert float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w)) < 2e-2
+
+
+def test_both_dropouts_drop_at_the_configured_rate():
+  """nn.Dropout (reference) and the 16-bit dropout: the same keep rate within sampling noise, zeros
+  where dropped, kept elements scaled so that the mean is unchanged."""
+  x = jnp.ones((200_000,), jnp.float32)
+  key = jax.random.key(3)
+  for cls in (nn.Dropout, dropout16.Dropout):
+    y = np.asarray(cls(0.3).apply({}, x, deterministic=False, rngs={"dropout": key}))
+    kept = y != 0
+    assert abs(kept.mean() - 0.7) < 5 * np.sqrt(0.7 * 0.3 / x.size), cls
+    assert abs(y.mean() - 1.0) < 0.01, cls
+    np.testing.assert_allclose(y[kept], y[kept][0], rtol=1e-6)
+
+
+def _greedy_logits(cfg, params, src, steps, beam_slots=False, hyps=1):
+  model = Transformer(cfg)
+
+  @jax.jit
+  def run(params, src):
+    variables = {"params": params}
+    memory = model.apply(variables, model.apply(variables, src, method="encode"),
+                         method="prepare_decoding")
+    cache = init_cache(cfg, src.shape[0] * hyps, steps, beam_slots=beam_slots)
+    ids = jnp.full((src.shape[0] * hyps,), 2, jnp.int32)
+    out = []
+    for _ in range(steps):
+      logits, cache = model.apply(variables, ids, cache, memory, src != 0, method="decode_step")
+      ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      cache = reorder_cache(cfg, cache, jnp.arange(ids.shape[0]))   # the identity reorder
+      out.append(logits)
+    return jnp.stack(out, axis=1)
+  return run(params, src)
+
+
+@pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("beam_slots", [False, True])
+def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam_slots):
+  """Head-major caches stored in the matmul dtype, beam slots and the pre-transposed output layer give
+  the reference cache's logits, step after step."""
+  rng = np.random.default_rng(2)
+  src = _ids(rng, (2, 6)).at[0, 4:].set(0)
+  reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
+  params = Transformer(reference).init(jax.random.key(0), src, src)["params"]
+  want = _greedy_logits(reference, params, src, 5, beam_slots, hyps=3)
+  got = _greedy_logits(reference.replace(kernels="cpu"), params, src, 5, beam_slots, hyps=3)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded():
+  cfg = SMALL.replace(kernels="reference", matmul_dtype="bfloat16")
+  ref = init_cache(cfg, 4, 10, beam_slots=True)
+  assert ref["layers"][0]["k"].shape == (4, 10, 4, 8) and ref["layers"][0]["k"].dtype == jnp.float32
+  assert "slot_history" not in ref
+  cpu = init_cache(cfg.replace(kernels="cpu"), 4, 10, beam_slots=True)
+  assert cpu["layers"][0]["k"].shape == (4, 4, 10, 8) and cpu["layers"][0]["k"].dtype == jnp.bfloat16
+  assert cpu["slot_history"].shape == (4, 10)
+  reorder = functools.partial(reorder_cache, cfg.replace(kernels="cpu"))
+  moved = reorder(dict(cpu, index=jnp.arange(4)), jnp.array([1, 1, 0, 3]))
+  assert moved["layers"][0]["k"] is cpu["layers"][0]["k"]      # keys and values stay put
+  np.testing.assert_array_equal(moved["index"], [1, 1, 0, 3])
