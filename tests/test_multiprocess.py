@@ -94,7 +94,8 @@ def runs(tmp_path_factory):
   deadline = time.time() + 600
   while not (dirs["killed"] / "checkpoints" / "4").is_dir() and killed.poll() is None and time.time() < deadline:
     time.sleep(0.05)
-  os.killpg(killed.pid, signal.SIGKILL)   # the launcher and both trainers, mid-run
+  if killed.poll() is None:
+    os.killpg(killed.pid, signal.SIGKILL)   # the launcher and both trainers, mid-run
   out, _ = killed.communicate()
   assert killed.returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{out[-3000:]}"
   finish(two)
