@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import signal
 import socket
@@ -24,9 +25,18 @@ GRACE_SECONDS = 30   # after a failure: how long the others get to stop on SIGTE
 
 
 def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  """A free TCP port for the coordinator, below Linux's ephemeral range (32768-60999): a port the kernel
+  hands out (bind to 0) can be taken by another job's gloo connections before our coordinator binds it."""
+  rng = random.Random()
+  for _ in range(200):
+    port = rng.randrange(20000, 32768)
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError("no free port between 20000 and 32767 for the coordinator")
 
 
 def process_env(index: int, count: int, port: int, devices: int | None, base=None) -> dict:
