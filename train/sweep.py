@@ -42,6 +42,7 @@ from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 from run.user_errors import UserError, reported
 from train import slurm
+from train.signals import SignalFlag
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
 STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
@@ -196,22 +197,17 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   say(f"{len(trials)} trials, {len(trials) - len(todo)} done, {len(todo)} to run, {parallel} at a time; "
       f"logs in {workdir}/<trial>/{LOG}")
 
-  stop = {"signal": None}
-
-  def handle(signum, frame):
-    stop["signal"] = signal.Signals(signum).name
-
-  previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+  stop = SignalFlag().install()
   running: list[_Running] = []
   started = 0
   try:
     while (todo or running):
-      if stop["signal"]:
+      if stop.received:
         for r in running:
           if r.process.poll() is None:
             r.process.send_signal(signal.SIGTERM)
         todo = []
-      while todo and len(running) < parallel and not stop["signal"]:
+      while todo and len(running) < parallel and not stop.received:
         trial = todo.pop(0)
         started += 1
         trial_dir = workdir / trial.name
@@ -241,15 +237,14 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
           row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
           say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
               f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
-        elif code == 0 or stop["signal"]:
+        elif code == 0 or stop.received:
           write_status(r.dir, status="interrupted", returncode=code, seconds=seconds)
           say(f"interrupted {r.trial.name}; rerun the command to resume it")
         else:
           write_status(r.dir, status="failed", returncode=code, seconds=seconds)
           say(f"FAILED {r.trial.name} (exit {code}); see {r.dir / LOG}:\n" + _tail(r.dir / LOG))
   finally:
-    for sig, handler in previous.items():
-      signal.signal(sig, handler)
+    stop.restore()
     for r in running:   # only if the loop itself raised: do not leave trainers behind
       if r.process.poll() is None:
         r.process.send_signal(signal.SIGTERM)
@@ -264,8 +259,8 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
   print(markdown_table(rows, bool(paper)), file=out)
   say("results: " + "  ".join(str(p) for p in paths))
-  if stop["signal"]:
-    say(f"stopped by {stop['signal']}; rerun the same command to finish the sweep")
+  if stop.received:
+    say(f"stopped by {stop.received}; rerun the same command to finish the sweep")
   return {row["trial"]: row["status"] for row in rows}
 
 

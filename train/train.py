@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import signal
 import time
 
 import jax
@@ -40,6 +39,7 @@ from train import multihost, schedules
 from train.average import average_checkpoints
 from train import step as step_lib
 from train.optimizer import make_optimizer
+from train.signals import SignalFlag
 
 # Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
@@ -62,30 +62,6 @@ class Outcome:
   stopped_early: bool = False          # dev loss stopped improving (config.train.early_stop_evals)
   samples: list | None = None          # [(source, reference, hypothesis)]
   eval: dict | None = None
-
-
-class _Signals:
-  """Turns SIGTERM/SIGINT into a flag the loop checks between steps (then it saves and returns)."""
-
-  def __init__(self):
-    self.received = None
-    self._previous = {}
-
-  def install(self) -> "_Signals":
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:   # not the main thread: leave signals alone
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
-
-  def restore(self) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
 
 
 def _say(*args, **kwargs) -> None:
@@ -316,7 +292,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
   step = start_step
-  signals = _Signals().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
+  signals = SignalFlag().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
   vote = multihost.StopVote(mesh)  # all processes stop after the same step, whichever got the signal
   stop = False
   try:
