@@ -1,7 +1,7 @@
 """Text -> token batches: the embedded corpus, TFDS corpora and your own files, one shared vocabulary.
 
     vocab = run.get_vocab(config.data, workdir)   # the run directory's vocab.model (run/)
-    train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)
+    train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)  # pads only
     dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
 """
 from data.batching import BatchIterator, assemble, bucket_lengths, bucket_rows, plan_buckets, tokenize
@@ -26,11 +26,17 @@ def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index
 
 
 def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=0, process_count=1):
-  """Every pair exactly once, in length buckets, no shuffling and no length filter. A list of batches."""
+  """Every pair exactly once, in length buckets, no shuffling and no length filter. A list of batches.
+
+  row_multiple: rows of each global batch (all devices of all processes) are a multiple of it; with
+  process_count > 1 each process gets its own block of rows of every batch.
+  """
   src_ids, tgt_ids, _ = tokenize(vocab, pairs, what="eval", source_eos=source_eos(data_config))
   longest = max(max(len(s), len(t) + 1) for s, t in zip(src_ids, tgt_ids))
   max_len = max(int(data_config.max_len), -(-longest // 8) * 8)
-  multiple = row_multiple * process_count
+  multiple = row_multiple
+  if multiple % process_count:
+    raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
   out = []
   for length, members in plan_buckets(src_ids, tgt_ids, max_len, int(data_config.batch_tokens), multiple,
                                       rng=None):

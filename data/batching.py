@@ -17,6 +17,9 @@ import tqdm
 from data.sources import report_skipped
 from data.vocab import BOS, EOS
 
+# Names how BatchIterator forms batches (saved with its position; see BatchIterator.set_state).
+ORDER = "pairs-by-batch_tokens"
+
 BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
@@ -167,16 +170,21 @@ def assemble(src_ids, tgt_ids, length: int, members, rows: int, packed: bool) ->
 class BatchIterator:
   """Infinite iterator over training batches, reshuffled every epoch from (seed, epoch).
 
-  Its whole position is (epoch, index of the next batch in that epoch's plan), which get_state/set_state
-  save and restore, so a resumed run continues with exactly the batch it would have seen. Each process
-  keeps its own slice of every global batch's rows (process_index of process_count).
+  Which pairs form each batch depends only on the data, seed, batch_tokens, max_len and pack: never on
+  the hardware. row_multiple (devices x grad_accum_steps) only pads each batch with empty rows (no loss
+  weight) to a multiple the mesh can split, so a run resumes on 1, 2 or 8 devices, or 1 or 2 processes,
+  with the same batches. Its whole position is (epoch, index of the next batch in that epoch's plan),
+  which get_state/set_state save and restore. Each process keeps its own block of every global batch's
+  rows (process_index of process_count; row_multiple must be a multiple of process_count).
   """
 
   def __init__(self, src_ids, tgt_ids, *, max_len, batch_tokens, row_multiple, seed, pack=False,
                process_index=0, process_count=1):
+    if row_multiple % process_count:
+      raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
     self.src_ids, self.tgt_ids = src_ids, tgt_ids
     self.max_len, self.batch_tokens, self.seed, self.pack = max_len, batch_tokens, seed, pack
-    self.row_multiple = row_multiple * process_count
+    self.row_multiple = row_multiple
     self.process_index, self.process_count = process_index, process_count
     self.epoch, self.index = 0, 0
     self._plan_epoch, self._plan = None, None
@@ -185,8 +193,7 @@ class BatchIterator:
     if self._plan_epoch != self.epoch:
       rng = np.random.default_rng([self.seed, self.epoch])
       plan_fn = plan_packed if self.pack else plan_buckets
-      self._plan = plan_fn(self.src_ids, self.tgt_ids, self.max_len, self.batch_tokens, self.row_multiple,
-                           rng)
+      self._plan = plan_fn(self.src_ids, self.tgt_ids, self.max_len, self.batch_tokens, 1, rng)
       self._plan_epoch = self.epoch
     return self._plan
 
@@ -207,15 +214,28 @@ class BatchIterator:
     return {k: v[start:start + local] for k, v in batch.items()}
 
   def rows(self, length: int) -> int:
-    """Global rows of a batch of padded length `length` (fixed per length: bounded compiles)."""
+    """Global rows of a batch of padded length `length` (fixed per length: bounded compiles): the rows
+    the plan allows, rounded up to row_multiple with empty rows (the batch's pairs never depend on it)."""
     if self.pack:
-      return rows_for(length, self.batch_tokens, self.row_multiple)
-    return bucket_rows(length, self.max_len, self.batch_tokens, self.row_multiple)
+      rows = rows_for(length, self.batch_tokens, 1)
+    else:
+      rows = bucket_rows(length, self.max_len, self.batch_tokens)
+    return -(-rows // self.row_multiple) * self.row_multiple
 
   def get_state(self) -> dict:
-    return {"epoch": self.epoch, "index": self.index}
+    # "order": how batches are formed; a checkpoint without it comes from code whose batches depended on
+    # devices x grad_accum_steps.
+    return {"epoch": self.epoch, "index": self.index, "order": ORDER}
 
   def set_state(self, state: dict) -> None:
+    """Continues where `state` (from get_state) left off. Raises ValueError if its batches were formed
+    differently (a checkpoint of older code, trained with more than one device or accumulation step)."""
+    if state.get("order") != ORDER and self.row_multiple != 1:
+      raise ValueError(
+          f"the checkpoint's data position comes from code that formed batches per devices x "
+          f"grad_accum_steps (now {self.row_multiple}); resuming here would change which batches come "
+          f"next. Resume with that code, or with 1 device and config.train.grad_accum_steps=1, or start "
+          f"a new --workdir")
     self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
   def epoch_batches(self) -> int:

@@ -89,6 +89,7 @@ def get_config(arg=None):
       average_last=0,              # >0: at the end, average the last N checkpoints and score them too
       early_stop_evals=0,          # >0: stop when the dev loss has not improved for this many evals
       init_checkpoint="",          # "RUN_DIR[:STEP|:averaged]": start from its parameters (if no checkpoint)
+      reset_optimizer=False,       # resume with a fresh optimizer state (keeps params, step, data position)
       dev_sentences=300,           # dev pairs used by periodic evals (loss and BLEU; 0: all)
       test_bleu=True,              # at the end: test-set sacreBLEU and sample translations
       test_sentences=0,            # test pairs scored at the end (0: all)

@@ -9,6 +9,19 @@ Smoke (two tiny trials on the embedded corpus, ~1 minute on 2 CPU cores):
   python -m train.sweep --config experiments/table3.py:smoke --workdir /tmp/table3_smoke --parallel 2
 Args: ARGS below ('base' is the default: the base model, which every trial overrides).
 
+CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a second seed of base, shrunk
+  by one rule (scale_to_cpu): d_model, d_ff, d_k and d_v divided by CPU_SCALE=4 (base: 128, 512, 16, 16);
+  heads, layer counts, dropout, label smoothing and positions as in the paper; big trains 3x the base
+  row's CPU_STEPS, as 300K is 3x 100K; peak learning rate d_model^-0.5 * 4000^-0.5 as the paper's
+  schedule, warmup a tenth of the steps, cosine decay. Corpus: DIR (default corpus/po_ende) made by
+  `python scripts/build_po_corpus.py --lang de --out corpus/po_ende` (81k en-de software messages), read
+  through the 'files' source; the embedded corpus is too easy for regularisation or capacity to matter.
+  python -m train.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu
+  Expected: not yet run (docs/table3.md). results.md says, per row, whether each effect's direction
+  against base (mean of base and base_seed1, ties within their spread) agrees with the paper's.
+  Cost: about 90 minutes on 2 idle cores, one trial at a time; a rough estimate from a few steps of base and
+  big timed on a heavily loaded machine (docs/table3.md says how; not measured on an idle one).
+
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's
   per word-piece of its own 37k BPE, so absolute PPL can differ by a few percent; the differences
@@ -20,11 +33,14 @@ Cost: 19 base-sized trials of 100K steps (~9.5e17 model FLOPs each; the C rows r
   that) plus the big model (300K steps, ~9.6e18): ~2.8e19 FLOPs in all, ~10.5 h on one 8-A100 machine
   at 30% of bf16 peak, one trial at a time on all 8 devices (REPRODUCING.md).
 """
+import os
+import pathlib
+
 import ml_collections
 
-from experiments import wmt14_ende
+from experiments import default, wmt14_ende
 
-ARGS = ("base", "smoke")
+ARGS = ("base", "smoke", "cpu")
 
 # The paper's Table 3: dev (newstest2013) perplexity, BLEU, and parameters in millions where given.
 PAPER = {
@@ -51,17 +67,122 @@ PAPER = {
 }
 
 
+# The rows whose mean is the reference each row's effect is measured against, and whose spread (max - min)
+# is the noise: a difference within it is a tie (train/sweep_directions.py). The cpu variant trains base
+# twice; the full-size sweep trains it once (no spread: every difference counts).
+BASELINE = ("base", "base_seed1")
+
+# ------------------------------------------------------------------------------------------------------
+# The cpu variant: every row shrunk by one rule (see the module docstring).
+# ------------------------------------------------------------------------------------------------------
+CPU_SCALE = 4                  # every width divided by this: d_model 512 -> 128, d_ff, d_k, d_v alike
+CPU_STEPS = 200                # the base row's optimizer steps (the paper: 100K); big trains 3x as long
+CPU_CORPUS = "corpus/po_ende"  # scripts/build_po_corpus.py --lang de --out corpus/po_ende
+_WIDTHS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
+
+
+def cpu_peak_lr(d_model: int) -> float:
+  """The peak of the paper's schedule for d_model (d_model^-0.5 * warmup^-0.5, warmup 4000 steps).
+
+  The cpu variant decays it by a cosine instead, but keeps its peak and its d_model^-0.5 ratio between
+  rows: 1.40e-3 at d_model 128, 1.98e-3 at 64, 0.99e-3 at 256.
+  """
+  return round(d_model ** -0.5 * 4000 ** -0.5, 6)
+
+
+def scale_to_cpu(overrides: dict) -> dict:
+  """A full-size row's overrides -> the cpu variant's: widths / CPU_SCALE, steps * CPU_STEPS / 100K.
+
+  Head and layer counts, dropout, label smoothing and positions are ratios already and stay as they are.
+  A row that changes d_model also gets that d_model's peak learning rate (cpu_peak_lr). The full-size
+  keep_checkpoints (what the paper averaged) is dropped: the cpu variant keeps one checkpoint.
+  """
+  out = {}
+  for key, value in overrides.items():
+    if key in _WIDTHS:
+      if value % CPU_SCALE:
+        raise ValueError(f"scale_to_cpu: {key}={value} is not divisible by {CPU_SCALE}")
+      out[key] = value // CPU_SCALE
+    elif key == "train.num_steps":
+      out[key] = value * CPU_STEPS // 100_000
+    elif key != "train.keep_checkpoints":
+      out[key] = value
+  if "model.d_model" in out:
+    out["train.learning_rate"] = cpu_peak_lr(out["model.d_model"])
+  return out
+
+
+def _parse_arg(arg):
+  """'cpu' or 'cpu,corpus=DIR' -> ('cpu', DIR); other args -> (arg, None)."""
+  name, _, rest = (arg or "base").partition(",")
+  if name != "cpu":
+    if rest:
+      raise ValueError(f"experiments/table3.py: arg {arg!r}: only 'cpu' takes options (cpu,corpus=DIR)")
+    return name, None
+  corpus = CPU_CORPUS
+  for option in filter(None, rest.split(",")):
+    key, eq, value = option.partition("=")
+    if key != "corpus" or not eq or not value:
+      raise ValueError(f"experiments/table3.py: arg {arg!r}: unknown option {option!r}; the cpu variant "
+                       f"takes only corpus=DIR, e.g. 'cpu,corpus=corpus/po_ende'")
+    corpus = value
+  return name, corpus
+
+
+def check_corpus(corpus_dir: str) -> None:
+  """Raises FileNotFoundError naming the missing split and the command that builds the corpus."""
+  for split in ("train", "dev", "test"):
+    path = pathlib.Path(corpus_dir) / f"{split}.tsv"
+    if not path.is_file():
+      raise FileNotFoundError(
+          f"experiments/table3.py:cpu: corpus file {str(path)!r} does not exist. Build the corpus with "
+          f"`python scripts/build_po_corpus.py --lang de --out {corpus_dir}` (~2 min, needs apt), or "
+          f"point the variant at yours: --config experiments/table3.py:cpu,corpus=DIR (DIR/train.tsv, "
+          f"dev.tsv, test.tsv)")
+
+
+def _cpu_config(corpus_dir: str) -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.workdir = "runs/table3_cpu"
+  full = wmt14_ende.paper_config("base", tfds_name="wmt14_translate/de-en", src_lang="en", tgt_lang="de",
+                                 vocab_size=37_000, big_dropout=0.3, grad_accum_steps=1).model
+  config.model.update(**full.to_dict())
+  config.model.update(d_model=full.d_model // CPU_SCALE, d_ff=full.d_ff // CPU_SCALE,
+                      max_len=256)   # positions: the corpus's pairs are short (max_len 64 pieces + 50)
+  config.model.d_k = ml_collections.FieldReference(None, field_type=int)   # None: d_model / num_heads
+  config.model.d_v = ml_collections.FieldReference(None, field_type=int)
+  corpus = os.path.abspath(corpus_dir)
+  config.data.update(source="files", src_lang="en", tgt_lang="de",
+                     train_path=f"{corpus}/train.tsv", dev_path=f"{corpus}/dev.tsv",
+                     test_path=f"{corpus}/test.tsv",
+                     vocab_size=4000,            # BPE, ~16 * sqrt(75k pairs) (experiments/small_corpus.py)
+                     vocab_sample_sentences=50_000, max_len=64, batch_tokens=2048, pack=True,
+                     source_eos=True)            # as the full-size rows (wmt14_ende.py)
+  config.train.update(num_steps=CPU_STEPS, schedule="cosine", learning_rate=cpu_peak_lr(128),
+                      warmup_steps=CPU_STEPS // 10, label_smoothing=0.1,
+                      log_every=50, eval_every=CPU_STEPS // 4, bleu_every=0,
+                      checkpoint_every_steps=CPU_STEPS // 2, checkpoint_every_minutes=10.0,
+                      keep_checkpoints=1,
+                      dev_sentences=0,           # dev PPL over all 2,507 dev pairs
+                      test_bleu=True, test_sentences=500, num_samples=3, tensorboard=False)
+  config.decode.update(beam_size=4, alpha=0.6, max_extra_len=50)
+  return config
+
+
 def get_config(arg=None):
-  arg = arg or "base"
-  if arg not in ARGS:
-    raise ValueError(f"experiments/table3.py: unknown arg {arg!r}; use one of {ARGS}")
+  name, corpus = _parse_arg(arg)
+  if name not in ARGS:
+    raise ValueError(f"experiments/table3.py: unknown arg {arg!r}; use one of {ARGS} "
+                     f"(cpu takes an option: cpu,corpus=DIR)")
+  if name == "cpu":
+    return _cpu_config(corpus)
   config = wmt14_ende.paper_config("base", tfds_name="wmt14_translate/de-en", src_lang="en",
                                    tgt_lang="de", vocab_size=37_000, big_dropout=0.3,
                                    grad_accum_steps=1)
   config.workdir = "runs/table3"
   # Dev BLEU often enough that the last measurement is close to the end (it is skipped at the last step).
   config.train.update(eval_every=5000, bleu_every=5000)
-  if arg == "smoke":
+  if name == "smoke":
     config = wmt14_ende.shrink_to_smoke(config)
     config.workdir = "runs/table3_smoke"
     # Enough steps for the loss to move, a dev BLEU at step 4, a 32-sentence dev set: ~20 s a trial.
@@ -71,37 +192,51 @@ def get_config(arg=None):
   return config
 
 
+def full_size_rows():
+  """[(name, overrides)]: the rows of Table 3 (A to E, and big) as changes to the full-size base."""
+  rows = [("base", {})]
+  # (A) attention heads at constant computation: h * d_k = 512.
+  for h in (1, 4, 16, 32):
+    rows.append((f"A_h{h}", {"model.num_heads": h, "model.d_k": 512 // h, "model.d_v": 512 // h}))
+  # (B) smaller keys only; values keep d_v = 64.
+  for d_k in (16, 32):
+    rows.append((f"B_dk{d_k}", {"model.d_k": d_k, "model.d_v": 64}))
+  # (C) model size.
+  for n in (2, 4, 8):
+    rows.append((f"C_N{n}", {"model.num_encoder_layers": n, "model.num_decoder_layers": n}))
+  rows.append(("C_d256", {"model.d_model": 256, "model.d_k": 32, "model.d_v": 32}))
+  rows.append(("C_d1024", {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128}))
+  for d_ff in (1024, 4096):
+    rows.append((f"C_dff{d_ff}", {"model.d_ff": d_ff}))
+  # (D) regularization.
+  for rate in (0.0, 0.2):
+    rows.append((f"D_drop{rate}", {"model.dropout_rate": rate}))
+  for eps in (0.0, 0.2):
+    rows.append((f"D_ls{eps}", {"train.label_smoothing": eps}))
+  # (E) learned positional embeddings instead of sinusoids.
+  rows.append(("E_learned", {"model.learned_positions": True}))
+  # The big model (300K steps; dropout 0.3 as for EN-DE in Table 2).
+  rows.append(("big", {"model.d_model": 1024, "model.d_ff": 4096, "model.num_heads": 16,
+                       "model.dropout_rate": 0.3, "train.num_steps": 300_000,
+                       "train.keep_checkpoints": 20}))
+  return rows
+
+
 def sweep(add, arg=None):
-  """Calls add(name=..., **overrides) once per trial: the rows of Table 3 (A to E, and big)."""
-  if arg == "smoke":
+  """Calls add(name=..., **overrides) once per trial: the rows of Table 3 (A to E, and big).
+
+  'cpu': the same rows through scale_to_cpu, plus base_seed1 (base with seed 1) for the noise.
+  """
+  name, corpus = _parse_arg(arg)
+  if name == "smoke":
     add(name="base")
     add(name="C_N2", **{"model.num_encoder_layers": 2, "model.num_decoder_layers": 2})
     return
-
-  add(name="base")
-  # (A) attention heads at constant computation: h * d_k = 512.
-  for h in (1, 4, 16, 32):
-    add(name=f"A_h{h}", **{"model.num_heads": h, "model.d_k": 512 // h, "model.d_v": 512 // h})
-  # (B) smaller keys only; values keep d_v = 64.
-  for d_k in (16, 32):
-    add(name=f"B_dk{d_k}", **{"model.d_k": d_k, "model.d_v": 64})
-  # (C) model size.
-  for n in (2, 4, 8):
-    add(name=f"C_N{n}", **{"model.num_encoder_layers": n, "model.num_decoder_layers": n})
-  add(name="C_d256", **{"model.d_model": 256, "model.d_k": 32, "model.d_v": 32})
-  add(name="C_d1024", **{"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128})
-  for d_ff in (1024, 4096):
-    add(name=f"C_dff{d_ff}", **{"model.d_ff": d_ff})
-  # (D) regularization.
-  for rate in (0.0, 0.2):
-    add(name=f"D_drop{rate}", **{"model.dropout_rate": rate})
-  for eps in (0.0, 0.2):
-    add(name=f"D_ls{eps}", **{"train.label_smoothing": eps})
-  # (E) learned positional embeddings instead of sinusoids.
-  add(name="E_learned", **{"model.learned_positions": True})
-  # The big model (300K steps; dropout 0.3 as for EN-DE in Table 2).
-  add(name="big", **{"model.d_model": 1024, "model.d_ff": 4096, "model.num_heads": 16,
-                     "model.dropout_rate": 0.3, "train.num_steps": 300_000,
-                     "train.keep_checkpoints": 20})
+  if name == "cpu":
+    check_corpus(corpus)   # before any trial starts, not once per trial
+  for row, overrides in full_size_rows():
+    add(name=row, **(scale_to_cpu(overrides) if name == "cpu" else overrides))
+  if name == "cpu":
+    add(name="base_seed1", seed=1)
   # Settings that did not help go here as comments, with the numbers they got, e.g.
   #   add(name="pre_norm", **{"model.pre_norm": True})   # not run yet

@@ -8,6 +8,8 @@ workdir/averaged/<step>/{params, meta} (written by train/average.py).
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during a
 save leaves the previous checkpoints intact; an incomplete or damaged checkpoint is skipped on restore with
 a warning, and moved aside to workdir/checkpoints_unreadable/ so that training can write that step again.
+A checkpoint that reads but does not fit the run as configured now is never moved: restoring it stops with
+CheckpointMismatch, naming the arrays that differ.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import warnings
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
@@ -63,44 +66,139 @@ def key_from_json(words) -> jax.Array:
   return jax.random.wrap_key_data(np.asarray(words, np.uint32))
 
 
-def _restore_one(manager, step, abstract_params, abstract_opt_state):
-  items = dict(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+class CheckpointMismatch(ValueError):
+  """A readable checkpoint that does not fit the run as configured now; the message names what differs."""
+
+
+class _Unreadable(Exception):
+  """Files of a checkpoint are missing or damaged."""
+
+
+def _key_name(entry) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def flat_leaves(tree) -> dict:
+  """{'0/mu/decoder/.../kernel': leaf}: a tree's leaves by path (Orbax's names for them on disk)."""
+  return {"/".join(_key_name(k) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _tree(metadata):
+  return metadata.tree if hasattr(metadata, "tree") else metadata
+
+
+def _differences(on_disk: dict, wanted: dict) -> list[str]:
+  """What differs between two flat {path: array-like} dicts, in words (the first few of each kind)."""
+  gone = sorted(set(on_disk) - set(wanted))
+  new = sorted(set(wanted) - set(on_disk))
+  reshaped = sorted(k for k in set(on_disk) & set(wanted)
+                    if tuple(on_disk[k].shape) != tuple(wanted[k].shape)
+                    or np.dtype(on_disk[k].dtype) != np.dtype(wanted[k].dtype))
+  show = lambda keys: ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+  out = []
+  if gone:
+    out.append(f"only in the checkpoint: {show(gone)}")
+  if new:
+    out.append(f"only in the run now: {show(new)}")
+  if reshaped:
+    out.append("different shape or dtype: " + show(
+        [f"{k} {tuple(on_disk[k].shape)} {on_disk[k].dtype} vs {tuple(wanted[k].shape)} {wanted[k].dtype}"
+         for k in reshaped]))
+  return out
+
+
+def _restore_one(manager, step, abstract_params, abstract_opt_state, reset_optimizer=False):
+  """One checkpoint -> (params, opt_state or None, meta). opt_state is None also when it was reset.
+
+  Raises _Unreadable for missing or damaged files, CheckpointMismatch for a readable checkpoint that
+  does not fit (parameters, or an optimizer state whose arrays differ without reset_optimizer).
+  An optimizer state whose arrays match by name, shape and dtype but whose tree differs (e.g. weight decay
+  switched on: Adam's moments are the same arrays) is carried over.
+  """
+  path = pathlib.Path(manager.directory) / str(step)
+  try:
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(meta, dict) or "step" not in meta:
+      raise ValueError(f"meta of step {step} has no 'step' entry")
+    metadata = manager.item_metadata(step)
+    params_md = _tree(metadata["params"])
+    opt_md = _tree(metadata["opt_state"]) if abstract_opt_state is not None else None
+    if params_md is None or (abstract_opt_state is not None and opt_md is None):
+      raise ValueError("no array metadata")
+  except Exception as error:  # noqa: BLE001 - missing or damaged files, whatever the library raises
+    raise _Unreadable(f"{type(error).__name__}: {str(error)[:200]}") from error
+
+  differences = _differences(flat_leaves(params_md), flat_leaves(abstract_params))
+  if differences:
+    raise CheckpointMismatch(f"checkpoint {path} holds parameters that do not fit the model as configured "
+                             f"now ({'; '.join(differences)}); use a new --workdir or restore the settings")
+  items = dict(params=ocp.args.StandardRestore(abstract_params))
+  carry = None
   if abstract_opt_state is not None:
-    items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
-  meta = restored["meta"]
-  if not isinstance(meta, dict) or "step" not in meta:
-    raise ValueError(f"meta of step {step} has no 'step' entry")
-  return restored["params"], restored.get("opt_state") if abstract_opt_state is not None else None, meta
+    wanted = flat_leaves(abstract_opt_state)
+    differences = _differences(flat_leaves(opt_md), wanted)
+    if differences and not reset_optimizer:
+      raise CheckpointMismatch(
+          f"checkpoint {path} holds an optimizer state that does not fit the optimizer as configured now "
+          f"({'; '.join(differences)}): a config.train setting that shapes the optimizer changed (e.g. "
+          f"grad_clip_norm switched on or off). Restore that setting, or pass "
+          f"--config.train.reset_optimizer=True to keep parameters, step and data position and start the "
+          f"optimizer state afresh")
+    if not differences:
+      if jax.tree_util.tree_structure(opt_md) == jax.tree_util.tree_structure(abstract_opt_state):
+        items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+      else:   # same arrays, another tree: read the tree on disk, then put its arrays in the new one
+        on_disk = jax.tree_util.tree_map_with_path(
+            lambda p, _: wanted["/".join(_key_name(k) for k in p)], opt_md)
+        items["opt_state"] = ocp.args.StandardRestore(on_disk)
+        carry = jax.tree_util.tree_structure(abstract_opt_state)
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
+  except Exception as error:  # noqa: BLE001 - the layout fits, so the array files are damaged
+    raise _Unreadable(f"{type(error).__name__}: {str(error)[:200]}") from error
+  opt_state = restored.get("opt_state") if "opt_state" in items else None
+  if carry is not None:
+    by_name = flat_leaves(opt_state)
+    opt_state = jax.tree_util.tree_unflatten(carry, [by_name[k] for k in flat_leaves(abstract_opt_state)])
+  return restored["params"], opt_state, meta
 
 
-def restore_latest(workdir, manager, abstract_params, abstract_opt_state):
+def restore_latest(workdir, manager, abstract_params, abstract_opt_state, reset_optimizer=False):
   """Restores the newest readable checkpoint into the given abstract trees (shapes, dtypes, shardings).
 
-  Unreadable newer checkpoints are skipped with a warning naming them, and moved to
-  workdir/checkpoints_unreadable/<step> (then the manager is reloaded).
+  Checkpoints with missing or damaged files are skipped with a warning naming them, and moved to
+  workdir/checkpoints_unreadable/<step> (then the manager is reloaded); in a multi-process run process 0
+  moves them. A readable checkpoint that does not fit raises CheckpointMismatch (nothing is moved).
+  reset_optimizer: a checkpoint whose optimizer state does not fit restores without it (opt_state None).
   Returns (params, opt_state, meta, manager) or (None, None, None, manager) if there is no checkpoint.
   """
   skipped = []
   result = (None, None, None)
   for step in sorted(manager.all_steps(), reverse=True):
     try:
-      result = _restore_one(manager, step, abstract_params, abstract_opt_state)
+      result = _restore_one(manager, step, abstract_params, abstract_opt_state, reset_optimizer)
       break
-    except Exception as error:  # noqa: BLE001 - any failure to read means "not usable"
+    except _Unreadable as error:
       path = pathlib.Path(manager.directory) / str(step)
-      warnings.warn(f"checkpoint {path} is unreadable ({type(error).__name__}: {str(error)[:200]}); "
-                    f"skipping it and falling back to an older one", RuntimeWarning, stacklevel=2)
+      warnings.warn(f"checkpoint {path} is unreadable ({error}); skipping it and falling back to an older "
+                    f"one", RuntimeWarning, stacklevel=2)
       skipped.append(step)
   if skipped:
     aside = pathlib.Path(workdir).absolute() / UNREADABLE
-    aside.mkdir(exist_ok=True)
-    for step in skipped:
-      src = pathlib.Path(manager.directory) / str(step)
-      dst = aside / str(step)
-      if dst.exists():
-        shutil.rmtree(dst)
-      shutil.move(str(src), str(dst))
+    if jax.process_index() == 0:
+      aside.mkdir(exist_ok=True)
+      for step in skipped:
+        src = pathlib.Path(manager.directory) / str(step)
+        dst = aside / str(step)
+        if dst.exists():
+          shutil.rmtree(dst)
+        shutil.move(str(src), str(dst))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("checkpoints set aside")
     manager.reload()
     if result[2] is not None:
       warnings.warn(f"restored step {result[2]['step']} after skipping unreadable steps {skipped} "

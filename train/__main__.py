@@ -11,6 +11,10 @@ argparse, in its own __main__ (or main()), and nowhere else. argparse is in the 
 each command a --help with its usage, and lets tests call main(argv) in-process; `--config.KEY=VALUE`
 overrides go through experiments.apply_overrides, the same function the sweep, the benchmarks and the
 tests use, so an override means the same thing everywhere (absl's config_flags parsed them a second way).
+
+Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m train.launch`,
+each process joins the job by itself; by hand, give every process the same --coordinator_address and
+--num_processes and its own --process_id (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from absl import logging   # Orbax logs through absl
 
 import experiments
 from run import user_errors
+from run.checkpoint import CheckpointMismatch
+from train import multihost
 from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -36,6 +42,13 @@ def main(argv=None) -> None:
                                           "(e.g. --config.train.num_steps=5000).")
   parser.add_argument("--config", default=_DEFAULT, help=f"experiment file[:arg] (default {_DEFAULT})")
   parser.add_argument("--workdir", default=None, help="run directory (default: the config's workdir)")
+  group = parser.add_argument_group("several processes (docs/multihost.md)")
+  group.add_argument("--distributed", choices=multihost.MODES, default="auto",
+                     help="join a multi-process job: auto (when launched as one: srun, mpirun, train.launch "
+                          "or the flags below), on (always; JAX detects the cluster, e.g. a TPU pod slice), off")
+  group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0 (manual launch)")
+  group.add_argument("--num_processes", type=int, default=None, help="processes in the job (manual launch)")
+  group.add_argument("--process_id", type=int, default=None, help="this process's index, 0..N-1")
   args, rest = parser.parse_known_args(argv)
   bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
   if bad:
@@ -48,6 +61,10 @@ def main(argv=None) -> None:
   logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
   jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  try:
+    multihost.initialize(args.distributed, args.coordinator_address, args.num_processes, args.process_id)
+  except ValueError as error:
+    parser.error(str(error))
 
   workdir = args.workdir or config.workdir
   experiment = pathlib.Path(args.config.partition(":")[0])
@@ -57,10 +74,10 @@ def main(argv=None) -> None:
   try:
     with user_errors.reported():   # one line `error: ...`, exit status 2
       outcome = train_and_evaluate(config, workdir)
-  except NonFiniteError as error:
+  except (NonFiniteError, CheckpointMismatch) as error:
     print(f"[train] error: {error}", file=sys.stderr)
     sys.exit(1)
-  if outcome.interrupted:
+  if outcome.interrupted or not multihost.is_primary():
     return
   print()
   if outcome.eval:

@@ -15,6 +15,11 @@ DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper
 experiment file has a PAPER dict keyed by trial name) and prints where they are.
 
 Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop; rerun to go on.
+
+--launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
+see train/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
+queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
+results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them again.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ from run import metrics as metrics_io
 from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 from run.user_errors import UserError, reported
+from train import slurm
+from train.signals import SignalFlag
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
 STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
@@ -145,12 +152,17 @@ class _Running:
     self.start = time.time()
 
 
+def _start_local(command, trial_dir, log) -> subprocess.Popen:
+  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
-              poll_seconds: float = 0.5, out=None, trainer=TRAINER) -> dict:
+              poll_seconds: float = 0.5, out=None, trainer=TRAINER, start=_start_local) -> dict:
   """Runs the trials of config_spec's sweep under workdir; returns {trial name: final status}.
 
   shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
-  trainer: the command that trains one trial (tests substitute a fast fake).
+  trainer: the command that trains one trial (tests substitute a fast fake); start(command, trial_dir,
+  log) -> a Popen-like handle runs it (default: a local subprocess; train.slurm.trial_starter: a job).
   Writes the results table and plot at the end, also after an interruption.
   """
   workdir = pathlib.Path(workdir).absolute()
@@ -185,22 +197,17 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   say(f"{len(trials)} trials, {len(trials) - len(todo)} done, {len(todo)} to run, {parallel} at a time; "
       f"logs in {workdir}/<trial>/{LOG}")
 
-  stop = {"signal": None}
-
-  def handle(signum, frame):
-    stop["signal"] = signal.Signals(signum).name
-
-  previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+  stop = SignalFlag().install()
   running: list[_Running] = []
   started = 0
   try:
     while (todo or running):
-      if stop["signal"]:
+      if stop.received:
         for r in running:
           if r.process.poll() is None:
             r.process.send_signal(signal.SIGTERM)
         todo = []
-      while todo and len(running) < parallel and not stop["signal"]:
+      while todo and len(running) < parallel and not stop.received:
         trial = todo.pop(0)
         started += 1
         trial_dir = workdir / trial.name
@@ -210,7 +217,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         command = trial_command(config_spec, trial_dir, shared, trial.overrides, trainer)
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = start(command, trial_dir, log)
         write_status(trial_dir, status="running", overrides=_jsonable(trial.overrides),
                      command=command, pid=process.pid)
         running.append(_Running(trial, process, log, trial_dir))
@@ -230,15 +237,14 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
           row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
           say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
               f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
-        elif code == 0 or stop["signal"]:
+        elif code == 0 or stop.received:
           write_status(r.dir, status="interrupted", returncode=code, seconds=seconds)
           say(f"interrupted {r.trial.name}; rerun the command to resume it")
         else:
           write_status(r.dir, status="failed", returncode=code, seconds=seconds)
           say(f"FAILED {r.trial.name} (exit {code}); see {r.dir / LOG}:\n" + _tail(r.dir / LOG))
   finally:
-    for sig, handler in previous.items():
-      signal.signal(sig, handler)
+    stop.restore()
     for r in running:   # only if the loop itself raised: do not leave trainers behind
       if r.process.poll() is None:
         r.process.send_signal(signal.SIGTERM)
@@ -247,13 +253,14 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
 
   rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides, paper)
           for t in trials]
-  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec)
+  baseline = getattr(experiments.load_module(config_spec.partition(":")[0]), "BASELINE", ())
+  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec, baseline=baseline)
   counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
   say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
   print(markdown_table(rows, bool(paper)), file=out)
   say("results: " + "  ".join(str(p) for p in paths))
-  if stop["signal"]:
-    say(f"stopped by {stop['signal']}; rerun the same command to finish the sweep")
+  if stop.received:
+    say(f"stopped by {stop.received}; rerun the same command to finish the sweep")
   return {row["trial"]: row["status"] for row in rows}
 
 
@@ -277,6 +284,9 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True, help="sweep directory; trial NAME runs in DIR/NAME")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
   parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
+  parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                      help="local subprocesses (default) or one SLURM job per trial")
+  slurm.add_flags(parser)
   args, rest = parser.parse_known_args(argv)
   bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
   if bad:
@@ -285,7 +295,14 @@ def main(argv=None) -> int:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")
   only = [name for name in args.only.split(",") if name]
   with reported():   # user errors: one line `error: ...`, exit status 2
-    statuses = run_sweep(args.config, args.workdir, parallel=args.parallel, shared=rest, only=only or None)
+    start, parallel = _start_local, args.parallel
+    if args.launcher == "slurm":
+      try:
+        start, parallel = slurm.trial_starter(slurm.options_from(args)), 1_000_000   # SLURM queues them
+      except ValueError as error:
+        parser.error(str(error))
+    statuses = run_sweep(args.config, args.workdir, parallel=parallel, shared=rest, only=only or None,
+                         poll_seconds=0.5 if args.launcher == "local" else 5.0, start=start)
   return 0 if all(s == "done" for s in statuses.values()) else 1
 
 

@@ -12,6 +12,7 @@ import run
 from data.vocab import VOCAB_FILE
 from model.config import TransformerConfig, num_params
 from run import metrics as metrics_io
+from train import sweep_directions
 
 
 def format_overrides(overrides: dict) -> str:
@@ -65,9 +66,16 @@ def trial_row(trial, trial_dir: pathlib.Path, status: dict, config_spec: str, sh
   }
 
 
-def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title: str) -> list[pathlib.Path]:
-  """Writes workdir/results.csv, results.md and results.png; returns their paths."""
+def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title: str,
+                  baseline=()) -> list[pathlib.Path]:
+  """Writes workdir/results.csv, results.md and results.png; returns their paths.
+
+  baseline: trial names of the reference setting (the experiment's BASELINE); with it and the paper's
+  numbers, results.md and results.png also say whether each effect's direction agrees with the paper's
+  (train/sweep_directions.py).
+  """
   columns = [c for c in rows[0] if paper or not c.startswith("paper_")]
+  compare = paper and any(r["trial"] in baseline for r in rows)
   csv_path = workdir / "results.csv"
   with open(csv_path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
@@ -78,9 +86,10 @@ def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title
                      + "dev = the config's dev split (newstest2013 for WMT14); PPL per target piece at the "
                        "last eval; BLEU: sacreBLEU at the last dev BLEU eval (its step in brackets)"
                      + ("; paper: Table 3 (tokenized BLEU, ~0.7-1.5 above sacreBLEU)" if paper else "")
-                     + ".\n")
+                     + ".\n" + (f"\n{sweep_directions.markdown(rows, baseline)}" if compare else ""))
   png_path = workdir / "results.png"
-  plot_results(rows, png_path, paper=paper, title=title)
+  plot_results(rows, png_path, paper=paper, title=title,
+               notes=sweep_directions.plot_notes(rows, baseline) if compare else None)
   return [csv_path, md_path, png_path]
 
 
@@ -117,8 +126,15 @@ def _duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h"
 
 
-def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: str) -> None:
-  """Two panels of horizontal bars, one row per trial: dev PPL and dev BLEU, ours beside the paper's."""
+_VERDICT_COLORS = {"agree": "#2e7d32", "disagree": "#c62828", "tie": "#777777", "baseline": "#1f3b73"}
+
+
+def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: str, notes=None) -> None:
+  """Two panels of horizontal bars, one row per trial: dev PPL and BLEU, ours beside the paper's.
+
+  BLEU is dev BLEU, or the end-of-run (test) BLEU if no trial measured dev BLEU; notes: {trial: {row key:
+  word}} printed at each bar's right edge (the agree/disagree/tie verdicts of sweep_directions).
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -126,8 +142,9 @@ def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: st
   names = [r["trial"] for r in rows]
   n = len(rows)
   fig, axes = plt.subplots(1, 2, figsize=(11, 1.3 + 0.5 * n * (1.3 if paper else 1)), sharey=True)
+  bleu = sweep_directions.bleu_key(rows)
   panels = [("dev_ppl", "paper_ppl", "dev perplexity (lower is better)", 2),
-            ("dev_bleu", "paper_bleu", "dev BLEU (higher is better)", 1)]
+            (bleu, "paper_bleu", f"{bleu.split('_')[0]} BLEU (higher is better)", 1)]
   height = 0.38 if paper else 0.6
   for ax, (ours_key, paper_key, label, digits) in zip(axes, panels):
     ours = [r[ours_key] for r in rows]
@@ -155,6 +172,11 @@ def plot_results(rows: list[dict], path: pathlib.Path, *, paper: bool, title: st
       ax.set_xlim(lo, max(values) * (1.35 if ax.get_xscale() == "linear" else 3))
     ax.set_xlabel(label)
     ax.grid(axis="x", alpha=0.3)
+    for i, r in enumerate(rows):
+      word = (notes or {}).get(r["trial"], {}).get(ours_key)
+      if word:
+        ax.text(0.99, i, word, transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8,
+                color=_VERDICT_COLORS.get(word, "#555555"), fontweight="bold")
     if not values:
       ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="#888888")
   axes[0].set_yticks(range(n))

@@ -8,13 +8,19 @@ Where the starting state comes from (first match wins):
      parameters, optimizer state, step, RNG and data iterator position);
   2. config.train.init_checkpoint = "RUN_DIR[:STEP|:averaged]": parameters only, fresh optimizer, step 0;
   3. scratch: parameters from config.seed.
+A checkpoint whose optimizer state no longer fits (e.g. grad_clip_norm switched on) stops the run naming
+the arrays, unless config.train.reset_optimizer=True: then parameters, step and data position are kept
+and the optimizer state starts afresh.
+
+Several processes (train/multihost.py): every process runs this same function on its own devices and
+its own rows of every batch; checkpoints are written by all of them, everything else (metrics.jsonl,
+TensorBoard, the console, the progress bar, the run-directory lock) by process 0 alone.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import pathlib
-import signal
 import time
 
 import jax
@@ -29,10 +35,11 @@ from run import checkpoint as ckpt
 from run import checkpoint_arg, get_vocab
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run.user_errors import UserError
-from train import schedules
+from train import multihost, schedules
 from train.average import average_checkpoints
 from train import step as step_lib
 from train.optimizer import make_optimizer
+from train.signals import SignalFlag
 
 # Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
@@ -57,28 +64,20 @@ class Outcome:
   eval: dict | None = None
 
 
-class _Signals:
-  """Turns SIGTERM/SIGINT into a flag the loop checks between steps (then it saves and returns)."""
+def _say(*args, **kwargs) -> None:
+  """print, in process 0 only."""
+  if multihost.is_primary():
+    print(*args, **kwargs)
 
-  def __init__(self):
-    self.received = None
-    self._previous = {}
 
-  def install(self) -> "_Signals":
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:   # not the main thread: leave signals alone
-        pass
-    return self
+class _NoMetrics:
+  """What processes other than 0 write metrics to."""
 
-  def _handle(self, signum, frame):
-    self.received = signal.Signals(signum).name
+  def write(self, step, metrics) -> None:
+    pass
 
-  def restore(self) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
+  def close(self) -> None:
+    pass
 
 
 def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
@@ -94,7 +93,7 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
     raise UserError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
   if changes:
-    print(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
+    _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
 
 
 def _evaluate(eval_fn, params, batches, mesh) -> dict:
@@ -105,11 +104,17 @@ def _evaluate(eval_fn, params, batches, mesh) -> dict:
 
 
 def _bleu(model, params, vocab, pairs, decode_config, source_eos):
-  """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses)."""
-  host_params = jax.device_put(params, jax.local_devices()[0])
-  hyps = translate(model, host_params, vocab, [s for s, _ in pairs], beam_size=decode_config.beam_size,
-                   alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
-                   batch_tokens=decode_config.batch_tokens, source_eos=source_eos)
+  """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses).
+
+  With several processes each translates its share of the sentences on its own devices, and all get all
+  the hypotheses (the same ones as one process would find).
+  """
+  host_params = multihost.host_tree(params)
+  hyps = multihost.map_split(
+      lambda sources: translate(model, host_params, vocab, sources, beam_size=decode_config.beam_size,
+                                alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
+                                batch_tokens=decode_config.batch_tokens, source_eos=source_eos),
+      [s for s, _ in pairs])
   score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
   return float(score), signature, hyps
 
@@ -118,10 +123,13 @@ def train_and_evaluate(config, workdir) -> Outcome:
   """Trains config's experiment in workdir (resuming what is there), evaluates, and returns an Outcome.
 
   Raises NonFiniteError if the loss or gradient becomes non-finite (the last good checkpoint is kept),
-  run_dir.RunDirLocked if another trainer holds workdir.
+  run_dir.RunDirLocked if another trainer holds workdir, ckpt.CheckpointMismatch if the newest
+  readable checkpoint does not fit the configured model or optimizer (nothing in workdir is changed).
   """
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
+  if not multihost.is_primary():
+    return _train(config, workdir)
   with run_dir.RunLock(workdir):
     return _train(config, workdir)
 
@@ -130,7 +138,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   tc = config.train
 
   # ------------------------------------------------------------------------------------------------
-  # Run directory: config, versions, checkpoint manager.
+  # Run directory: checkpoint manager and the config check (config.json is written once restored).
   # ------------------------------------------------------------------------------------------------
   average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
   if average_last > int(tc.keep_checkpoints):
@@ -138,11 +146,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
   _check_config(config, workdir, bool(manager.all_steps()))
-  config_io.save_config(config, workdir)
-  run_dir.write_versions(workdir)
+  primary = multihost.is_primary()
 
   # ------------------------------------------------------------------------------------------------
-  # Mesh: one 'data' axis over every device; batches have rows divisible by devices * accumulation.
+  # Mesh: one 'data' axis over every device of every process; batches are padded with empty rows to a
+  # multiple of devices * accumulation (which pairs form a batch does not depend on it).
   # ------------------------------------------------------------------------------------------------
   mesh = step_lib.make_mesh()
   num_devices = mesh.devices.size
@@ -151,12 +159,18 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # Data.
   # ------------------------------------------------------------------------------------------------
-  vocab = get_vocab(config.data, workdir)
+  if primary:   # process 0 prepares the corpus and the vocabulary once; the others then read them
+    vocab = get_vocab(config.data, workdir)
+    load_pairs(config.data, "train")
+  multihost.barrier("corpus and vocabulary")
+  if not primary:
+    vocab = get_vocab(config.data, workdir)
+  processes = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
-                                   process_index=jax.process_index(), process_count=jax.process_count())
+                                   **processes)
   dev_pairs = load_pairs(config.data, "dev")
   dev_pairs = dev_pairs[:tc.dev_sentences] if tc.dev_sentences else dev_pairs
-  dev_batches = make_eval_batches(config.data, vocab, dev_pairs, row_multiple=num_devices)
+  dev_batches = make_eval_batches(config.data, vocab, dev_pairs, row_multiple=num_devices, **processes)
 
   # ------------------------------------------------------------------------------------------------
   # Model and optimizer.
@@ -170,7 +184,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # State: resume > init_checkpoint > scratch (see the module docstring).
   # ------------------------------------------------------------------------------------------------
   params_key, train_key = jax.random.split(jax.random.key(config.seed))
-  params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state)
+  reset_optimizer = bool(tc.get("reset_optimizer", False))
+  params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state,
+                                                         reset_optimizer=reset_optimizer)
   pending = []   # per-step metric dicts since the last log line (restored too: exact averages on resume)
   # Early stopping: the best dev loss so far, the evals since it, and whether the run has stopped.
   early = {"best": float("inf"), "bad": 0, "stopped": False}
@@ -179,13 +195,20 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
       raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
                        f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
+    if opt_state is None:   # reset_optimizer and the saved state did not fit: a fresh one
+      opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+      _say(f"[train] config.train.reset_optimizer: step {meta['step']}'s optimizer state does not fit the "
+           f"optimizer as configured now; starting it afresh (parameters, step and data position kept)")
     state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                                 opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
     state = jax.device_put(state, shardings)
     train_key = ckpt.key_from_json(meta["rng"])
-    train_iter.set_state(meta["data"])
+    try:
+      train_iter.set_state(meta["data"])
+    except ValueError as error:
+      raise ckpt.CheckpointMismatch(f"{workdir / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
     pending = meta.get("pending_metrics", [])
-    print(f"[train] resumed {workdir} at step {meta['step']}")
+    _say(f"[train] resumed {workdir} at step {meta['step']}")
   else:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
@@ -198,8 +221,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         raise UserError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
                          f"match config.model (different architecture or vocabulary size)")
       state = state.replace(params=jax.device_put(init_params, shardings.params))
-      print(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
+      _say(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
   start_step = int(state.step)
+  if primary:
+    config_io.save_config(config, workdir)
+    run_dir.write_versions(workdir)
 
   # ------------------------------------------------------------------------------------------------
   # Steps: jitted once, with explicit shardings; the state is donated.
@@ -238,8 +264,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # Evaluation.
   # ------------------------------------------------------------------------------------------------
   # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
-  writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
-                                    drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
+  writer = _NoMetrics()
+  if primary:
+    writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
+                                      drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
   def evaluate(step, with_bleu):
     t0 = time.time()
@@ -261,17 +289,20 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   last_save_time = time.time()
   last_log_time, last_log_step = time.time(), start_step
   eval_result = None
-  bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not tc.progress,
+  bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
   step = start_step
-  signals = _Signals().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
+  signals = SignalFlag().install()   # only around the loop: elsewhere Ctrl-C interrupts at once
+  vote = multihost.StopVote(mesh)  # all processes stop after the same step, whichever got the signal
+  stop = False
   try:
-    while step < num_steps and not early["stopped"] and signals.received is None:
+    while step < num_steps and not stop and not early["stopped"]:
       batch = next(train_iter)
       state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
       pending.append(metrics)
       step += 1
       bar.update(1)
+      stop = vote.vote(signals.received is not None)
 
       if every(tc.log_every, step) or step == num_steps:
         check_finite(step)
@@ -300,11 +331,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
           early.update(best=min(early["best"], eval_result["eval/loss"]), bad=0 if better else early["bad"] + 1)
           if early["bad"] >= patience:
             early["stopped"] = True
-            print(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
+            _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
                   f"stopping at step {step}")
 
       minutes = (time.time() - last_save_time) / 60
-      if (every(tc.checkpoint_every_steps, step) or step == num_steps or signals.received or early["stopped"]
+      if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"]
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
         save(step)
         last_save_time = time.time()
@@ -314,14 +345,15 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   manager.wait_until_finished()
   manager.close()
 
-  if signals.received:
+  if stop:
+    received = signals.received or "a signal to another process"
     writer.close()
-    print(f"[train] {signals.received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
-          f"rerun the same command to resume")
-    return Outcome(str(workdir), step, interrupted=signals.received, eval=eval_result)
+    _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
+         f"rerun the same command to resume")
+    return Outcome(str(workdir), step, interrupted=received, eval=eval_result)
 
   # ------------------------------------------------------------------------------------------------
-  # The end: test-set sacreBLEU with its signature, and a few sample translations.
+  # The end: test-set sacreBLEU (final and averaged parameters) and a few sample translations.
   # ------------------------------------------------------------------------------------------------
   outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"])
   if eval_result is None:   # a finished run rerun: report again
@@ -337,8 +369,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
   if average_last:
     # The paper's reported models: the element-wise mean of the last average_last checkpoints.
-    _, outcome.averaged_steps = average_checkpoints(workdir, average_last)
-    writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps))})
+    # (process 0 writes it; the others wait, then all read it back)
+    outcome.averaged_steps = average_checkpoints(workdir, average_last)[1] if primary else None
+    multihost.barrier("averaged")
+    writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps or []))})
     if tc.test_bleu:
       averaged, _ = ckpt.load_params(workdir, "averaged")
       bleu, _, _ = _bleu(model, averaged, vocab, test_pairs, config.decode, source_eos(config.data))

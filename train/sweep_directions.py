@@ -1,0 +1,134 @@
+"""Which way each trial moves the result against a baseline, ours beside the paper's, and whether they agree.
+
+A sweep whose experiment file names BASELINE (trial names that train the reference setting, e.g. twice with
+different seeds) gets this section in its results.md and verdicts in its results.png. Pure functions of the
+rows train/sweep_report.py builds:
+
+    rows = directions(results, ("base", "base_seed1"))   # one row per other trial
+
+For each metric (PPL: lower is better; BLEU: higher is better) a trial's direction is 'better', 'worse' or
+'same' against the baseline. Ours: the difference from the mean of the baseline trials, 'same' when it is
+within their spread (max - min), the noise of training the same setting again. The paper's: the difference
+from its base row, 'same' within PAPER_TIES (the paper gives single runs and no spread). The verdict:
+  agree     both say the same thing (both 'same' included);
+  disagree  opposite directions, or we see an effect beyond our noise where the paper sees none;
+  tie       our difference is within our noise where the paper sees an effect: this scale cannot tell.
+"""
+from __future__ import annotations
+
+# Differences the paper's Table 3 reports that we read as "no effect": about 1% of its base PPL (4.92),
+# and a quarter of a BLEU point (it prints one decimal).
+PAPER_TIES = {"ppl": 0.05, "bleu": 0.25}
+LOWER_IS_BETTER = {"ppl": True, "bleu": False}
+
+
+def bleu_key(rows: list[dict]) -> str:
+  """'dev_bleu' if any trial measured it, else 'test_bleu' (a sweep that scores BLEU only at the end)."""
+  return "dev_bleu" if any(r.get("dev_bleu") is not None for r in rows) else "test_bleu"
+
+
+def direction(delta, tolerance: float, lower_is_better: bool):
+  """'better', 'worse' or 'same' (|delta| <= tolerance) for a metric's change; None if delta is None."""
+  if delta is None:
+    return None
+  if abs(delta) <= tolerance:
+    return "same"
+  return "better" if (delta < 0) == lower_is_better else "worse"
+
+
+def verdict(ours, paper):
+  """'agree', 'disagree' or 'tie' (see the module docstring); None if either direction is unknown."""
+  if ours is None or paper is None:
+    return None
+  if ours == paper:
+    return "agree"
+  return "tie" if ours == "same" else "disagree"
+
+
+def baseline_stats(rows: list[dict], baseline, key: str):
+  """(mean, spread, n) of rows[key] over the measured baseline trials; (None, None, 0) if none is."""
+  values = [r[key] for r in rows if r["trial"] in baseline and r.get(key) is not None]
+  if not values:
+    return None, None, 0
+  return sum(values) / len(values), max(values) - min(values), len(values)
+
+
+def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
+  """One dict per non-baseline trial: for m in ('ppl', 'bleu'): ours_m, ours_delta_m, ours_dir_m,
+  paper_m, paper_delta_m, paper_dir_m, verdict_m; None where something was not measured.
+
+  rows: sweep_report.trial_row dicts (trial, dev_ppl, dev_bleu/test_bleu, paper_ppl, paper_bleu);
+  baseline: the trial names of the reference setting (the first one's paper numbers are the paper's base).
+  Our tolerance is the baseline trials' spread; with one baseline trial it is 0 (every difference counts).
+  """
+  baseline = tuple(baseline)
+  ties = dict(PAPER_TIES, **(paper_ties or {}))
+  keys = {"ppl": "dev_ppl", "bleu": bleu_key(rows)}
+  paper_base = next((r for r in rows if r["trial"] == baseline[0]), {})
+  out = []
+  for row in rows:
+    if row["trial"] in baseline:
+      continue
+    result = {"trial": row["trial"], "status": row.get("status")}
+    for metric, key in keys.items():
+      mean, spread, _ = baseline_stats(rows, baseline, key)
+      ours = row.get(key)
+      ours_delta = None if ours is None or mean is None else ours - mean
+      paper, paper_ref = row.get(f"paper_{metric}"), paper_base.get(f"paper_{metric}")
+      paper_delta = None if paper is None or paper_ref is None else paper - paper_ref
+      ours_dir = direction(ours_delta, spread or 0.0, LOWER_IS_BETTER[metric])
+      paper_dir = direction(paper_delta, ties[metric], LOWER_IS_BETTER[metric])
+      result.update({f"ours_{metric}": ours, f"ours_delta_{metric}": ours_delta, f"ours_dir_{metric}": ours_dir,
+                     f"paper_{metric}": paper, f"paper_delta_{metric}": paper_delta,
+                     f"paper_dir_{metric}": paper_dir, f"verdict_{metric}": verdict(ours_dir, paper_dir)})
+    out.append(result)
+  return out
+
+
+def _cell(value, delta, word, digits) -> str:
+  if value is None:
+    return "-"
+  return f"{value:.{digits}f}" + ("" if delta is None else f" ({delta:+.{digits}f}, {word})")
+
+
+def markdown(rows: list[dict], baseline) -> str:
+  """The results.md section: the baseline's mean and spread, then one line per trial with both verdicts."""
+  baseline = tuple(baseline)
+  key = bleu_key(rows)
+  lines = ["## Direction of each effect against the baseline", ""]
+  for metric, k, digits in (("PPL", "dev_ppl", 3), ("BLEU", key, 2)):
+    mean, spread, n = baseline_stats(rows, baseline, k)
+    values = ", ".join(f"{r['trial']} {r[k]:.{digits}f}" for r in rows
+                       if r["trial"] in baseline and r.get(k) is not None)
+    if n >= 2:
+      lines.append(f"- {metric} ({k}): baseline mean {mean:.{digits}f} over {values}; spread {spread:.{digits}f}: "
+                   f"a difference within it is a tie.")
+    elif n == 1:
+      lines.append(f"- {metric} ({k}): baseline {values}; one seed, no spread: every difference counts.")
+    else:
+      lines.append(f"- {metric} ({k}): the baseline ({', '.join(baseline)}) was not measured.")
+  lines.append(f"- Paper: Table 3 against its base row; differences within {PAPER_TIES['ppl']} PPL or "
+               f"{PAPER_TIES['bleu']} BLEU read as no effect (single runs). Verdicts: agree; disagree; tie = "
+               f"our difference is within our noise where the paper sees an effect.")
+  lines += ["", "| trial | our PPL | paper PPL | PPL | our BLEU | paper BLEU | BLEU |", "|---|---|---|---|---|---|---|"]
+  table = directions(rows, baseline)
+  for r in table:
+    cells = [r["trial"] + ("" if r["status"] in (None, "done") else f" ({r['status']})")]
+    for metric, digits in (("ppl", 2), ("bleu", 2)):
+      cells += [_cell(r[f"ours_{metric}"], r[f"ours_delta_{metric}"], r[f"ours_dir_{metric}"], digits),
+                _cell(r[f"paper_{metric}"], r[f"paper_delta_{metric}"], r[f"paper_dir_{metric}"], digits),
+                r[f"verdict_{metric}"] or "-"]
+    lines.append("| " + " | ".join(cells) + " |")
+  for metric in ("ppl", "bleu"):
+    counts = {v: sum(r[f"verdict_{metric}"] == v for r in table) for v in ("agree", "disagree", "tie")}
+    lines.append(f"\n{metric.upper()}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".")
+  return "\n".join(lines) + "\n"
+
+
+def plot_notes(rows: list[dict], baseline) -> dict:
+  """{trial: {'dev_ppl': verdict, <bleu key>: verdict}} for the results.png panels ('base' for baseline)."""
+  key = bleu_key(rows)
+  notes = {name: {"dev_ppl": "baseline", key: "baseline"} for name in baseline}
+  for r in directions(rows, baseline):
+    notes[r["trial"]] = {"dev_ppl": r["verdict_ppl"], key: r["verdict_bleu"]}
+  return notes
