@@ -62,7 +62,10 @@ def _main(argv) -> None:
   parser.add_argument("--workdir", required=True, help="run directory written by `python -m train`")
   parser.add_argument("--checkpoint", default=None,
                       help="a step number, 'averaged' or 'latest' (the default)")
-  parser.add_argument("--input", required=True, help="source text, one sentence per line ('-': stdin)")
+  parser.add_argument("--input", default=None, help="source text, one sentence per line ('-': stdin)")
+  parser.add_argument("--prompt", default=None,
+                      help="a language model (arch=decoder_only) run: continue this text instead of "
+                           "translating --input; greedy, or sampled with --temperature and its flags")
   parser.add_argument("--output", default="-", help="translations ('-': stdout, the default)")
   parser.add_argument("--beam_size", type=int, default=None,
                       help="beam width (default: the run's config.decode.beam_size; the paper's is 4)")
@@ -89,6 +92,8 @@ def _main(argv) -> None:
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   args = parser.parse_args(argv)
+  if (args.input is None) == (args.prompt is None):
+    parser.error("give exactly one of --input (translate) and --prompt (continue a text)")
   use_cpu_devices(args.cpu_devices)
   # JAX reads the device count when it starts: import what pulls it in only now.
   import run
@@ -114,6 +119,9 @@ def _main(argv) -> None:
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty)
 
+  if args.prompt is not None:
+    _continue_prompt(run, args)
+    return
   sources = _read_lines(args.input, "--input")
   references = _read_lines(args.reference, "--reference") if args.reference else None
   if references is not None and len(references) != len(sources):
@@ -143,6 +151,28 @@ def _main(argv) -> None:
     print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
     print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}",
           file=sys.stderr)
+
+
+def _continue_prompt(run, args) -> None:
+  """--prompt: BOS + the prompt's pieces, a cached prefill, then greedy or sampled continuation."""
+  import jax
+  import jax.numpy as jnp
+
+  from data.vocab import BOS
+  from decode.prompt import prompt_sample
+  opened = run.load_run(args.workdir, args.checkpoint)
+  if opened.model.cfg.arch != "decoder_only":
+    fail(f"--prompt needs a language model (config.model.arch='decoder_only'); {args.workdir} has "
+         f"arch={opened.model.cfg.arch!r}: translate with --input instead")
+  ids = [BOS] + opened.vocab.encode(args.prompt)
+  if len(ids) + args.max_extra_len > opened.model.cfg.max_len and opened.model.cfg.position_kind == "learned":
+    fail(f"--prompt of {len(ids)} pieces + --max_extra_len {args.max_extra_len} exceeds the model's "
+         f"learned positions ({opened.model.cfg.max_len})")
+  seqs, _ = prompt_sample(opened.model, opened.params, jnp.asarray([ids], jnp.int32),
+                          jax.random.key(args.seed), max_len=args.max_extra_len,
+                          temperature=args.temperature or 0.0, top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repetition_penalty)
+  _write_output(args.output, args.prompt + " " + opened.vocab.decode([int(t) for t in seqs[0]]) + "\n")
 
 
 if __name__ == "__main__":

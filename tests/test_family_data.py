@@ -129,3 +129,12 @@ def test_attention_maps_are_captured_only_when_asked_and_are_distributions(tmp_p
   assert np.all(np.triu(maps[("dec_self", 0)][0], 1) < 1e-6)        # causal
   plot(maps[("cross", 0)], ["a", "b", "c"], ["w", "x", "y", "z"], "t", tmp_path / "m.png")
   assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+def test_decode_takes_exactly_one_of_input_and_prompt(capsys):
+  import pytest
+  from decode.__main__ import main
+  for argv in (["--workdir", "w", "--input", "a", "--prompt", "b"], ["--workdir", "w"]):
+    with pytest.raises(SystemExit):
+      main(argv)
+    assert "exactly one of --input" in capsys.readouterr().err
