@@ -168,7 +168,7 @@ def test_decode_command_writes_one_line_per_input_and_scores(run, corpus, tmp_pa
                                                            beam_size=1, max_extra_len=5)
 
 
-def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path, corpus):
+def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path, corpus, capsys):
   src, out = tmp_path / "src.txt", tmp_path / "hyp.txt"
   src.write_text("a cat\n")
   foreign = tmp_path / "foreign"
@@ -184,10 +184,12 @@ def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path
 
   bad = tmp_path / "bad.txt"
   bad.write_bytes(b"fine\n\xff\xfe broken\n")
-  with pytest.raises(SystemExit, match="line 2"):
+  with pytest.raises(SystemExit) as exit_info:   # one line `error: ...` naming the line, status 2
     decode_main(["--workdir", str(run), "--input", str(bad), "--output", str(out)])
+  assert exit_info.value.code == 2 and "line 2" in capsys.readouterr().err
   ref = tmp_path / "ref.txt"
   ref.write_text("one\ntwo\n")
-  with pytest.raises(SystemExit, match="line-aligned"):
+  with pytest.raises(SystemExit) as exit_info:
     decode_main(["--workdir", str(run), "--input", str(src), "--output", str(out), "--reference", str(ref)])
+  assert exit_info.value.code == 2 and "line-aligned" in capsys.readouterr().err
   assert not out.exists()
