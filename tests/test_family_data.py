@@ -1,3 +1,4 @@
+import pytest
 """Decoder-only translation and masked-LM data (data/lm.py), and decoding after a cached prefill
 (decode/prompt.py): no loss on source tokens, BERT's masking rates, beam search == exhaustive search."""
 import itertools
@@ -62,6 +63,7 @@ def _logprob(model, params, prompt, tokens):
   return float(sum(logp[start + i, t] for i, t in enumerate(tokens)))
 
 
+@pytest.mark.slow
 def test_beam_search_after_a_prefill_matches_exhaustive_search():
   model, params = _tiny()
   max_len, alpha = 3, 0.6

@@ -92,6 +92,7 @@ def test_loss_falls_on_the_embedded_corpus(tmp_path):
   assert [line for line in relines if "train/loss" in line] == train
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
   settings = ["train.num_steps=30", "train.log_every=3", "train.eval_every=15",
               "train.checkpoint_every_steps=6", "train.checkpoint_every_minutes=0"]

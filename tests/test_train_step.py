@@ -162,6 +162,7 @@ def test_one_device_equals_eight_devices():
   assert_params_close(state1.params, state_fsdp.params)
 
 
+@pytest.mark.slow
 def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
   """Mixed precision (model.matmul_dtype="bfloat16", kernels/mixed_matmul.py) in the jitted data-parallel
   step, fused loss included: losses within 1% of float32's, and 1 device equals 8."""
