@@ -1,7 +1,8 @@
-import pytest
 """Decoder-only translation and masked-LM data (data/lm.py), and decoding after a cached prefill
 (decode/prompt.py): no loss on source tokens, BERT's masking rates, beam search == exhaustive search."""
 import itertools
+
+import pytest
 
 import jax
 import jax.numpy as jnp
