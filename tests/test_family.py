@@ -26,6 +26,13 @@ VARIANTS = {
     "unshared": dict(share_embeddings=False, positions="rope", num_kv_heads=2),
 }
 ARCHS = ("encoder_decoder", "decoder_only")
+# The default suite runs the heavy per-variant invariants on a few variants that between them cover
+# every switch kind (positions, GQA/MQA, gated FFN, RMSNorm, pre-norm, unshared); the slow set runs all.
+DEFAULT_SET = ("paper", "mqa_swiglu_rms", "unshared")
+
+
+def _variants(names):
+  return [pytest.param(n, marks=() if n in DEFAULT_SET else pytest.mark.slow) for n in names]
 
 
 def _cfg(**overrides):
@@ -136,7 +143,7 @@ def _forward(model, params, arch, src, tgt, **kw):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", _variants(VARIANTS))
 def test_cached_decoding_equals_the_full_forward_pass(arch, name):
   cfg = _cfg(arch=arch, **VARIANTS[name])
   model, params = _init(cfg)
@@ -177,7 +184,7 @@ def test_prefill_with_left_padding_equals_the_unpadded_prompt():
 
 
 @pytest.mark.parametrize("arch", ARCHS + ("encoder_only",))
-@pytest.mark.parametrize("name", ["paper", "rope", "alibi", "relative", "mqa_swiglu_rms"])
+@pytest.mark.parametrize("name", _variants(["paper", "rope", "alibi", "relative", "mqa_swiglu_rms"]))
 def test_padding_and_packing_change_nothing(arch, name):
   cfg = _cfg(arch=arch, **VARIANTS[name])
   model, params = _init(cfg)
