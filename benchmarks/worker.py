@@ -67,3 +67,8 @@ def first_run(fn) -> float:
   start = time.perf_counter()
   fn()
   return time.perf_counter() - start
+
+
+def beam_size(spec: dict, task: str) -> int:
+  """The beam a decoding task runs: 1 for greedy, the spec's beam_size for beam."""
+  return 1 if task == "greedy" else spec["decode"]["beam_size"]

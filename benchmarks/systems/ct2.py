@@ -35,8 +35,7 @@ def setup(spec: dict):
   tokens = [[vocab[i] for i in row] for row in src]
   tasks, info = {}, {"compute_type": translator.compute_type, "threads": spec["threads"]}
   for task in spec["tasks"]:
-    beam = 1 if task == "greedy" else spec["decode"]["beam_size"]
-    tasks[task], info[task] = search(spec, translator, tokens, beam)
+    tasks[task], info[task] = search(spec, translator, tokens, worker.beam_size(spec, task))
   return tasks, info
 
 

@@ -98,8 +98,7 @@ def setup(spec: dict):
       if task == "train":
         tasks[task], info[task] = train(spec, cfg, params)
       else:
-        beam = 1 if task == "greedy" else spec["decode"]["beam_size"]
-        tasks[task], info[task] = search(spec, cfg, params, beam)
+        tasks[task], info[task] = search(spec, cfg, params, worker.beam_size(spec, task))
   return tasks, info
 
 

@@ -92,7 +92,7 @@ def setup(spec: dict):
     if task == "train":
       tasks[task], info[task] = train(spec)
     else:
-      tasks[task], info[task] = search(spec, 1 if task == "greedy" else spec["decode"]["beam_size"])
+      tasks[task], info[task] = search(spec, worker.beam_size(spec, task))
   return tasks, info
 
 
