@@ -75,25 +75,28 @@ BASELINE = ("base", "base_seed1")
 # ------------------------------------------------------------------------------------------------------
 # The cpu variant: every row shrunk by one rule (see the module docstring).
 # ------------------------------------------------------------------------------------------------------
-CPU_SCALE = 4                  # every width divided by this: d_model 512 -> 128, d_ff, d_k, d_v alike
-CPU_STEPS = 200                # the base row's optimizer steps (the paper: 100K); big trains 3x as long
+CPU_SCALE = 8                  # every width divided by this: d_model 512 -> 64, d_ff, d_k, d_v alike
+CPU_LAYER_SCALE = 2            # every layer count divided by this: N 6 -> 3 (rows C: 2, 4, 8 -> 1, 2, 4)
+CPU_STEPS = 600                # the base row's optimizer steps (the paper: 100K); big trains 3x as long
 CPU_CORPUS = "corpus/po_ende"  # scripts/build_po_corpus.py --lang de --out corpus/po_ende
 _WIDTHS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
+_LAYERS = ("model.num_encoder_layers", "model.num_decoder_layers")
 
 
 def cpu_peak_lr(d_model: int) -> float:
   """The peak of the paper's schedule for d_model (d_model^-0.5 * warmup^-0.5, warmup 4000 steps).
 
   The cpu variant decays it by a cosine instead, but keeps its peak and its d_model^-0.5 ratio between
-  rows: 1.40e-3 at d_model 128, 1.98e-3 at 64, 0.99e-3 at 256.
+  rows: 1.98e-3 at d_model 64 (base), 2.80e-3 at 32, 1.40e-3 at 128.
   """
   return round(d_model ** -0.5 * 4000 ** -0.5, 6)
 
 
 def scale_to_cpu(overrides: dict) -> dict:
-  """A full-size row's overrides -> the cpu variant's: widths / CPU_SCALE, steps * CPU_STEPS / 100K.
+  """A full-size row's overrides -> the cpu variant's: widths / CPU_SCALE, layers / CPU_LAYER_SCALE,
+  steps * CPU_STEPS / 100K.
 
-  Head and layer counts, dropout, label smoothing and positions are ratios already and stay as they are.
+  Head counts, dropout, label smoothing and positions are ratios already and stay as they are.
   A row that changes d_model also gets that d_model's peak learning rate (cpu_peak_lr). The full-size
   keep_checkpoints (what the paper averaged) is dropped: the cpu variant keeps one checkpoint.
   """
@@ -103,6 +106,10 @@ def scale_to_cpu(overrides: dict) -> dict:
       if value % CPU_SCALE:
         raise ValueError(f"scale_to_cpu: {key}={value} is not divisible by {CPU_SCALE}")
       out[key] = value // CPU_SCALE
+    elif key in _LAYERS:
+      if value % CPU_LAYER_SCALE:
+        raise ValueError(f"scale_to_cpu: {key}={value} is not divisible by {CPU_LAYER_SCALE}")
+      out[key] = value // CPU_LAYER_SCALE
     elif key == "train.num_steps":
       out[key] = value * CPU_STEPS // 100_000
     elif key != "train.keep_checkpoints":
@@ -148,6 +155,8 @@ def _cpu_config(corpus_dir: str) -> ml_collections.ConfigDict:
                                  vocab_size=37_000, big_dropout=0.3, grad_accum_steps=1).model
   config.model.update(**full.to_dict())
   config.model.update(d_model=full.d_model // CPU_SCALE, d_ff=full.d_ff // CPU_SCALE,
+                      num_encoder_layers=full.num_encoder_layers // CPU_LAYER_SCALE,
+                      num_decoder_layers=full.num_decoder_layers // CPU_LAYER_SCALE,
                       max_len=256)   # positions: the corpus's pairs are short (max_len 64 pieces + 50)
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)   # None: d_model / num_heads
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
@@ -158,7 +167,7 @@ def _cpu_config(corpus_dir: str) -> ml_collections.ConfigDict:
                      vocab_size=4000,            # BPE, ~16 * sqrt(75k pairs) (experiments/small_corpus.py)
                      vocab_sample_sentences=50_000, max_len=64, batch_tokens=2048, pack=True,
                      source_eos=True)            # as the full-size rows (wmt14_ende.py)
-  config.train.update(num_steps=CPU_STEPS, schedule="cosine", learning_rate=cpu_peak_lr(128),
+  config.train.update(num_steps=CPU_STEPS, schedule="cosine", learning_rate=cpu_peak_lr(full.d_model // CPU_SCALE),
                       warmup_steps=CPU_STEPS // 10, label_smoothing=0.1,
                       log_every=50, eval_every=CPU_STEPS // 4, bleu_every=0,
                       checkpoint_every_steps=CPU_STEPS // 2, checkpoint_every_minutes=10.0,

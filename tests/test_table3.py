@@ -58,8 +58,9 @@ def test_every_cpu_row_is_its_full_size_row_shrunk_by_one_rule(tmp_path):
       assert small[key] * T3.CPU_SCALE == big[key], (name, key)
     for key in ("d_k", "d_v"):   # None: d_model / num_heads on both sides
       assert (small[key] is None and big[key] is None) or small[key] * T3.CPU_SCALE == big[key], (name, key)
-    for key in ("num_heads", "num_encoder_layers", "num_decoder_layers", "dropout_rate", "learned_positions",
-                "pre_norm", "share_embeddings"):
+    for key in ("num_encoder_layers", "num_decoder_layers"):
+      assert small[key] * T3.CPU_LAYER_SCALE == big[key], (name, key)
+    for key in ("num_heads", "dropout_rate", "learned_positions", "pre_norm", "share_embeddings"):
       assert small[key] == big[key], (name, key)
     assert small_config.train.label_smoothing == _config(str(TABLE3), overrides).train.label_smoothing
     # The paper's peak learning rate goes as d_model^-0.5; so does ours.
@@ -71,6 +72,8 @@ def test_every_cpu_row_is_its_full_size_row_shrunk_by_one_rule(tmp_path):
   assert T3.cpu_peak_lr(128) == pytest.approx(1.3975e-3, rel=1e-3)
   with pytest.raises(ValueError, match="not divisible"):
     T3.scale_to_cpu({"model.d_ff": 1022})
+  with pytest.raises(ValueError, match="num_encoder_layers=3 is not divisible"):
+    T3.scale_to_cpu({"model.num_encoder_layers": 3})
 
 
 def test_cpu_variant_names_the_missing_corpus_and_bad_options(tmp_path):
@@ -98,7 +101,7 @@ def test_cpu_first_trial_trains_a_few_steps_and_reports(tmp_path):
             "train.eval_every": 3, "train.log_every": 1, "train.checkpoint_every_steps": 3,
             "train.test_sentences": 4, "train.progress": False, "decode.max_extra_len": 5}
   config = _config(spec, {**shared, **first.overrides})
-  assert (config.model.d_model, config.model.num_heads, config.model.num_encoder_layers) == (128, 8, 6)
+  assert (config.model.d_model, config.model.num_heads, config.model.num_encoder_layers) == (64, 8, 3)
   workdir = tmp_path / "runs" / first.name
   outcome = train_and_evaluate(config, workdir)
   assert outcome.step == 3 and outcome.interrupted is None
