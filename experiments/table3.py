@@ -10,10 +10,10 @@ Smoke (two tiny trials on the embedded corpus, ~1 minute on 2 CPU cores):
 Args: ARGS below ('base' is the default: the base model, which every trial overrides).
 
 CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a second seed of base, shrunk
-  by one rule (scale_to_cpu): d_model, d_ff, d_k and d_v divided by CPU_SCALE=4 (base: 128, 512, 16, 16);
-  heads, layer counts, dropout, label smoothing and positions as in the paper; big trains 3x the base
-  row's CPU_STEPS, as 300K is 3x 100K; peak learning rate d_model^-0.5 * 4000^-0.5 as the paper's
-  schedule, warmup a tenth of the steps, cosine decay. Corpus: DIR (default corpus/po_ende) made by
+  by one rule (scale_to_cpu): d_model, d_ff, d_k and d_v divided by CPU_SCALE=8 (base: 64, 256, 8, 8),
+  layer counts by CPU_LAYER_SCALE=2 (base: 3 + 3); heads, dropout, label smoothing and positions as in
+  the paper; big trains 3x the base row's CPU_STEPS=600, as 300K is 3x 100K; peak learning rate
+  d_model^-0.5 * 4000^-0.5 as the paper's schedule, warmup a tenth of the steps, cosine decay. Corpus: DIR (default corpus/po_ende) made by
   `python scripts/build_po_corpus.py --lang de --out corpus/po_ende` (81k en-de software messages), read
   through the 'files' source; the embedded corpus is too easy for regularisation or capacity to matter.
   python -m train.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu

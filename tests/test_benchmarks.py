@@ -118,3 +118,22 @@ def test_performance_page_is_generated_from_the_results():
   page = pathlib.Path(report.PAGE)
   assert page.read_text() == report.render_page(), (
       "docs/performance.md differs from benchmarks/results/*.json: run `python -m benchmarks.report`")
+
+
+@pytest.mark.slow
+def test_trees_times_each_checkout_in_turn_and_writes_the_ratio(tmp_path, capsys):
+  """Two checkouts (here the same one twice) trained round-robin in fresh processes: one speed per run
+  and round, the first (compiling) log interval dropped, ratios computed within each round."""
+  from benchmarks import trees
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  out = tmp_path / "trees.json"
+  trees.main(["--trees", str(repo), str(repo), "--rounds", "2", "--steps", "6", "--log_every", "2",
+              "--out", str(out), "--config=experiments/default.py:smoke"])
+  result = json.loads(out.read_text())
+  assert [len(t["tokens_per_s"]) for t in result["trees"]] == [2, 2]
+  assert all(s > 0 for t in result["trees"] for s in t["tokens_per_s"])
+  ratio = result["ratio_after_over_before"]
+  assert len(ratio["per_round"]) == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
+  assert "after / before" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    trees.main(["--trees", str(repo), str(tmp_path), "--rounds", "1"])   # not a checkout
