@@ -137,3 +137,13 @@ def test_trees_times_each_checkout_in_turn_and_writes_the_ratio(tmp_path, capsys
   assert "after / before" in capsys.readouterr().out
   with pytest.raises(SystemExit):
     trees.main(["--trees", str(repo), str(tmp_path), "--rounds", "1"])   # not a checkout
+
+
+def test_kv_cache_benchmark_times_each_variant_every_round_and_sizes_the_cache():
+  from benchmarks import kv_cache
+  results = kv_cache.run(length=4, rows=2, d_model=16, num_heads=8, layers=1, repeats=2)
+  assert [(r["attention"], r["num_kv_heads"]) for r in results] == [("MHA", 8), ("GQA", 2), ("MQA", 1)]
+  assert all(len(r["runs"]) == 2 and r["slowest"] <= r["tokens_per_s"] <= r["fastest"] for r in results)
+  mha, gqa, mqa = (r["cache_mib"] for r in results)
+  # K and V grow linearly with the kv heads (8, 2, 1) on top of what does not (positions)
+  assert mha > gqa > mqa and (mha - gqa) == pytest.approx(6 * (gqa - mqa))
