@@ -2,6 +2,8 @@
 
 A batch is a dict of int32 numpy arrays [rows, length]:
     src, src_segments, src_positions, tgt_in, tgt_out, tgt_segments, tgt_positions
+and, for the tasks that score only some target positions (data/tasks.py), the optional
+    tgt_weights    1 where the loss scores tgt_out, 0 elsewhere (absent: every real target token)
 tgt_in is BOS + target and tgt_out is target + EOS, per pair (so in a packed row every segment starts with
 BOS, never with the previous segment's EOS). Segments number the pairs of a row from 1; 0 is padding.
 Padding rows (to keep shapes fixed) have all-zero segments and so carry no loss weight.
@@ -21,6 +23,7 @@ from data.vocab import BOS, EOS
 ORDER = "pairs-by-batch_tokens"
 
 BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+OPTIONAL_BATCH_KEYS = ("tgt_weights",)
 
 
 def bucket_lengths(max_len: int) -> list[int]:
@@ -46,6 +49,13 @@ def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str =
     part = pairs[start:start + chunk]
     src_ids += [s + [EOS] if source_eos else s for s in vocab.encode_batch([s for s, _ in part])]
     tgt_ids += vocab.encode_batch([t for _, t in part])
+  keep = keep_fitting(src_ids, tgt_ids, max_len, origins, what)
+  return [np.asarray(src_ids[i], np.int32) for i in keep], [np.asarray(tgt_ids[i], np.int32) for i in keep], keep
+
+
+def keep_fitting(src_ids, tgt_ids, max_len: int | None, origins=None, what: str = "data") -> list[int]:
+  """Indices of the pairs whose source fits max_len and target max_len - 1 (room for BOS/EOS); the others
+  are counted and reported. No max_len: all of them."""
   keep, too_long = [], []
   for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
     if max_len and (len(s) > max_len or len(t) + 1 > max_len):
@@ -56,15 +66,15 @@ def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str =
   if not keep:
     raise ValueError(f"{what}: every pair is longer than config.data.max_len={max_len} tokens; "
                      f"raise max_len")
-  return [np.asarray(src_ids[i], np.int32) for i in keep], [np.asarray(tgt_ids[i], np.int32) for i in keep], keep
+  return keep
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
   return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in BATCH_KEYS}
 
 
-def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):
-  """Writes one pair into a row at the given offsets."""
+def _put(batch, row, offset_src, offset_tgt, segment, src, tgt, weights=None):
+  """Writes one pair into a row at the given offsets (and its loss weights, if the batch has them)."""
   s, t = len(src), len(tgt) + 1
   batch["src"][row, offset_src:offset_src + s] = src
   batch["src_segments"][row, offset_src:offset_src + s] = segment
@@ -75,6 +85,8 @@ def _put(batch, row, offset_src, offset_tgt, segment, src, tgt):
   batch["tgt_out"][row, offset_tgt + t - 1] = EOS
   batch["tgt_segments"][row, offset_tgt:offset_tgt + t] = segment
   batch["tgt_positions"][row, offset_tgt:offset_tgt + t] = np.arange(t)
+  if weights is not None:
+    batch["tgt_weights"][row, offset_tgt:offset_tgt + t] = weights
 
 
 def rows_for(length: int, batch_tokens: int, row_multiple: int) -> int:
@@ -153,17 +165,22 @@ def plan_packed(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple:
   return [(max_len, rows[i:i + per_batch]) for i in range(0, len(rows), per_batch)]
 
 
-def assemble(src_ids, tgt_ids, length: int, members, rows: int, packed: bool) -> dict:
-  """Builds one batch of `rows` rows of `length` tokens from a plan entry."""
+def assemble(src_ids, tgt_ids, length: int, members, rows: int, packed: bool, tgt_weights=None) -> dict:
+  """Builds one batch of `rows` rows of `length` tokens from a plan entry. tgt_weights: None, or per
+  pair the loss weights of its len(tgt) + 1 output positions (the batch then has 'tgt_weights')."""
   batch = _empty(rows, length, length)
+  if tgt_weights is not None:
+    batch["tgt_weights"] = np.zeros((rows, length), np.int32)
   for row, member in enumerate(members):
     if packed:
       offset_src = offset_tgt = 0
       for segment, i in enumerate(member, 1):
-        _put(batch, row, offset_src, offset_tgt, segment, src_ids[i], tgt_ids[i])
+        weights = None if tgt_weights is None else tgt_weights[i]
+        _put(batch, row, offset_src, offset_tgt, segment, src_ids[i], tgt_ids[i], weights)
         offset_src, offset_tgt = offset_src + len(src_ids[i]), offset_tgt + len(tgt_ids[i]) + 1
     else:
-      _put(batch, row, 0, 0, 1, src_ids[member], tgt_ids[member])
+      weights = None if tgt_weights is None else tgt_weights[member]
+      _put(batch, row, 0, 0, 1, src_ids[member], tgt_ids[member], weights)
   return batch
 
 
@@ -176,13 +193,17 @@ class BatchIterator:
   with the same batches. Its whole position is (epoch, index of the next batch in that epoch's plan),
   which get_state/set_state save and restore. Each process keeps its own block of every global batch's
   rows (process_index of process_count; row_multiple must be a multiple of process_count).
+
+  tgt_weights: None, or per pair the loss weights of its target (see `assemble`). finish: None, or
+  finish(global batch, (seed, epoch, index)) -> batch, a task's last touch on every batch (the masked LM
+  masks there), seeded by the batch's position so that a resumed run sees the same batches.
   """
 
   def __init__(self, src_ids, tgt_ids, *, max_len, batch_tokens, row_multiple, seed, pack=False,
-               process_index=0, process_count=1):
+               process_index=0, process_count=1, tgt_weights=None, finish=None):
     if row_multiple % process_count:
       raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
-    self.src_ids, self.tgt_ids = src_ids, tgt_ids
+    self.src_ids, self.tgt_ids, self.tgt_weights, self.finish = src_ids, tgt_ids, tgt_weights, finish
     self.max_len, self.batch_tokens, self.seed, self.pack = max_len, batch_tokens, seed, pack
     self.row_multiple = row_multiple
     self.process_index, self.process_count = process_index, process_count
@@ -206,9 +227,11 @@ class BatchIterator:
       self.epoch, self.index = self.epoch + 1, 0
       plan = self._epoch_plan()
     length, members = plan[self.index]
-    self.index += 1
     rows = self.rows(length)
-    batch = assemble(self.src_ids, self.tgt_ids, length, members, rows, self.pack)
+    batch = assemble(self.src_ids, self.tgt_ids, length, members, rows, self.pack, self.tgt_weights)
+    if self.finish is not None:
+      batch = self.finish(batch, (self.seed, self.epoch, self.index))
+    self.index += 1
     local = rows // self.process_count
     start = self.process_index * local
     return {k: v[start:start + local] for k, v in batch.items()}

@@ -15,6 +15,7 @@ import os
 import pathlib
 import sys
 
+from data import tasks
 from decode import DEFAULTS
 from run.user_errors import fail, reported
 
@@ -129,6 +130,10 @@ def _main(argv) -> None:
                      f"{args.input} has {len(sources)}; they must be line-aligned")
 
   opened = run.load_run(args.workdir, args.checkpoint)
+  if not tasks.translates(opened.config.data):
+    fail(f"--input translates, but {args.workdir} was trained with config.data.task="
+         f"{tasks.task_of(opened.config.data)!r}" + (": continue a text with --prompt instead"
+                                                     if opened.model.cfg.arch == "decoder_only" else ""))
   step = opened.step
   batch_tokens = args.batch_tokens
   where = f"{args.workdir} step {step}" + (" (averaged)" if args.checkpoint == "averaged" else "")

@@ -2,6 +2,9 @@
 
     hyps = translate(model, params, vocab, ["a sentence", ...], beam_size=4, alpha=0.6, max_extra_len=50)
 
+A decoder-only model (arch="decoder_only", trained with data.task="decoder_only_mt") reads each source
+as the prompt BOS source SEP, prefilled in one cached pass, then searches the same way (decode/prompt.py).
+
 Per batch the encoder runs once, and the cross-attention keys and values are computed once per source
 sentence and shared by its beams (they live in the callback's closure, not in the beam cache, so the
 search never copies or reorders them). Sentences are sorted into length buckets with a few fixed padded
@@ -23,6 +26,7 @@ from data.batching import bucket_lengths
 from data.vocab import BOS, EOS
 from decode import DEFAULTS
 from decode import beam_search as beam_lib
+from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 
@@ -70,9 +74,8 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
 
-  def search(params, src, limits, rng):
-    if sharded and sampling:
-      rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
+  def encoded(params, src):
+    """The encoder-decoder's callback and cache: the encoder runs once per batch."""
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
     memory = model.apply(variables, enc_out, method="prepare_decoding")   # once per batch
@@ -83,15 +86,26 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
 
     # Beam search may keep the keys and values where they were written (no per-step reorder copy).
     cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)
+    return tokens_to_logits, cache, BOS, functools.partial(reorder_cache, cfg)
+
+  def search(params, src, limits, rng):
+    """src: sources int32 [n, len], or with a decoder-only model their prompts (translation_prompts)."""
+    if sharded and sampling:
+      rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
+    if cfg.arch == "decoder_only":   # a cached prefill of BOS source SEP, then the same search
+      tokens_to_logits, cache = prompt_lib.prefilled(model, params, src, steps)
+      bos, reorder = 0, None
+    else:
+      tokens_to_logits, cache, bos, reorder = encoded(params, src)
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
-          eos_id=EOS, bos_id=BOS, min_len=min_len, **dict(sampling))
+          eos_id=EOS, bos_id=bos, min_len=min_len, **dict(sampling))
       return seqs[:, None], scores[:, None]
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
-        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=BOS, alpha=alpha,
-        min_len=min_len, reorder=functools.partial(reorder_cache, cfg))
+        beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
+        min_len=min_len, reorder=reorder)
 
   if not sharded:
     return jax.jit(search)
@@ -134,11 +148,15 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     raise ValueError(f"translate expects bos={BOS} and eos={EOS} (data.vocab ids)")
   sentences = list(sentences)
   ids = vocab.encode_batch(sentences) if sentences else []
-  limit = cfg.max_len          # positions the model can encode and decode
+  # Source tokens the model can read: a decoder-only model reads BOS source SEP and its translation in
+  # its max_len positions (the prompt's room below is the source's + 2).
+  prompts = cfg.arch == "decoder_only"
+  limit = cfg.max_len // 2 - 2 if prompts else cfg.max_len
   too_long = [i for i, s in enumerate(ids) if len(s) > limit]
   if too_long:
-    warnings.warn(f"translate: {len(too_long)} sources are longer than the model's max_len={limit} "
-                  f"tokens and are truncated (first: input line {too_long[0] + 1})", stacklevel=2)
+    warnings.warn(f"translate: {len(too_long)} sources are longer than the {limit} tokens the model's "
+                  f"max_len={cfg.max_len} allows and are truncated (first: input line {too_long[0] + 1})",
+                  stacklevel=2)
     ids = [s[:limit] for s in ids]
   if source_eos:   # after the truncation, so that the source the model sees always ends with EOS
     ids = [s[:limit - 1] + [vocab.eos_id] if s else s for s in ids]
@@ -158,7 +176,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
     max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
-    steps = min(padded + max_extra_len, limit)
+    steps = min(padded + max_extra_len, cfg.max_len - padded - 2 if prompts else limit)
     search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
@@ -172,6 +190,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
         src[r, :len(ids[i])] = ids[i]
         lengths[r] = len(ids[i])
       limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
+      if prompts:
+        src = prompt_lib.translation_prompts(src)
       rng, batch_rng = jax.random.split(rng)
       seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), batch_rng))
       for r, i in enumerate(chunk):

@@ -27,6 +27,7 @@ import jax
 from absl import logging   # Orbax logs through absl
 
 import experiments
+from data import tasks
 from run import user_errors
 from run.checkpoint import CheckpointMismatch
 from train import multihost
@@ -93,7 +94,11 @@ def main(argv=None) -> None:
   print(f"run directory: {outcome.workdir}")
   shown = os.path.relpath(outcome.workdir)
   shown = outcome.workdir if shown.startswith("..") else shown
-  print(f"decode with:   python -m decode --workdir {shown} --input FILE --output FILE")
+  task = tasks.task_of(config.data)
+  if tasks.translates(config.data):
+    print(f"decode with:   python -m decode --workdir {shown} --input FILE --output FILE")
+  elif task == "lm":
+    print(f"continue a text with:   python -m decode --workdir {shown} --prompt TEXT")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from data.batching import BATCH_KEYS   # the data contract: one definition, in data/
+from data.batching import BATCH_KEYS, OPTIONAL_BATCH_KEYS   # the data contract: one definition, in data/
 from model import Transformer, TransformerConfig
 from model.ops import ops_for
 from train import loss as loss_lib
@@ -88,12 +88,12 @@ def place_batch(batch: dict, mesh: Mesh) -> dict:
   Each process passes its own rows (make_array_from_process_local_data), so this also works multi-host.
   """
   sharding = batch_sharding(mesh)
-  out = {}
-  for key in BATCH_KEYS:
-    if key not in batch:
-      raise KeyError(f"batch has no {key!r} (keys: {sorted(batch)}); see the batch contract in data/")
-    out[key] = jax.make_array_from_process_local_data(sharding, np.asarray(batch[key], np.int32))
-  return out
+  missing = [key for key in BATCH_KEYS if key not in batch]
+  if missing:
+    raise KeyError(f"batch has no {missing[0]!r} (keys: {sorted(batch)}); see the batch contract in data/")
+  keys = BATCH_KEYS + tuple(key for key in OPTIONAL_BATCH_KEYS if key in batch)
+  return {key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key], np.int32))
+          for key in keys}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -131,7 +131,8 @@ def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
 # Loss sums for one (micro-)batch.
 # ----------------------------------------------------------------------------------------------------
 def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, deterministic, chunk_tokens=0):
-  """Forward pass -> (smoothed loss sum, aux sums). Every sum is over real target tokens.
+  """Forward pass -> (smoothed loss sum, aux sums). Every sum is over the scored target tokens: the
+  batch's tgt_weights where it has them (decoder-only translation, masked LM), else every real one.
 
   Where the model's config.kernels picks the CPU fast paths and chunk_tokens > 0, the output projection
   is fused with the loss, chunk_tokens tokens at a time (loss.fused_output_losses: same sums, no
@@ -141,7 +142,8 @@ def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, determinis
   inputs = dict(src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
                 src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"],
                 deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key})
-  weights = (batch["tgt_segments"] != 0).astype(jnp.float32)                 # [rows, tgt_len]
+  weights = batch["tgt_weights"] if "tgt_weights" in batch else batch["tgt_segments"] != 0
+  weights = weights.astype(jnp.float32)                                      # [rows, tgt_len]
   targets = batch["tgt_out"]
   if chunk_tokens and ops.fused_loss:
     y, table = model.apply({"params": params}, batch["src"], batch["tgt_in"], method="features", **inputs)

@@ -3,6 +3,9 @@
 Reads top to bottom: run directory, mesh, data, model and optimizer, state (resume), steps, checkpoints,
 evaluation, the loop, and the final test-set BLEU.
 
+It trains config.data.task (data/tasks.py): translation (the default), decoder-only translation, a
+language model or a masked LM; the tasks differ only in their batches, and the last two have no BLEU.
+
 Where the starting state comes from (first match wins):
   1. the newest readable checkpoint in workdir/checkpoints (rerunning a command resumes it exactly:
      parameters, optimizer state, step, RNG and data iterator position);
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from data import load_pairs, make_eval_batches, make_train_iterator, source_eos
+from data import load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks
 from decode.bleu import sacrebleu_score
 from decode.translate import translate
 from run import checkpoint as ckpt
@@ -126,6 +129,7 @@ def train_and_evaluate(config, workdir) -> Outcome:
   run_dir.RunDirLocked if another trainer holds workdir, ckpt.CheckpointMismatch if the newest
   readable checkpoint does not fit the configured model or optimizer (nothing in workdir is changed).
   """
+  tasks.check_task(config.data, config.model.get("arch", "encoder_decoder"))
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   if not multihost.is_primary():
@@ -141,6 +145,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # Run directory: checkpoint manager and the config check (config.json is written once restored).
   # ------------------------------------------------------------------------------------------------
   average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
+  translates = tasks.translates(config.data)   # dev and test BLEU; lm and mlm have no translations
   if average_last > int(tc.keep_checkpoints):
     raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
@@ -324,7 +329,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         last_log_time, last_log_step = time.time(), step
 
       if every(tc.eval_every, step) or step == num_steps:
-        eval_result = evaluate(step, with_bleu=bool(every(tc.bleu_every, step)) and step != num_steps)
+        with_bleu = translates and bool(every(tc.bleu_every, step)) and step != num_steps
+        eval_result = evaluate(step, with_bleu=with_bleu)
         last_log_time = time.time()   # keep eval time out of tokens/s
         if patience:
           better = eval_result["eval/loss"] < early["best"]
@@ -358,7 +364,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"])
   if eval_result is None:   # a finished run rerun: report again
     eval_result = outcome.eval = evaluate(step, with_bleu=False)
-  if tc.test_bleu:
+  if tc.test_bleu and translates:
     test_pairs = load_pairs(config.data, "test")
     if tc.get("test_sentences", 0):
       test_pairs = test_pairs[:tc.test_sentences]
@@ -373,7 +379,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     outcome.averaged_steps = average_checkpoints(workdir, average_last)[1] if primary else None
     multihost.barrier("averaged")
     writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps or []))})
-    if tc.test_bleu:
+    if tc.test_bleu and translates:
       averaged, _ = ckpt.load_params(workdir, "averaged")
       bleu, _, _ = _bleu(model, averaged, vocab, test_pairs, config.decode, source_eos(config.data))
       writer.write(step, {"test/bleu_averaged": bleu})
