@@ -26,6 +26,7 @@ from data.vocab import EOS
 
 TASKS = {"translation": "encoder_decoder", "lm": "decoder_only", "decoder_only_mt": "decoder_only",
          "mlm": "encoder_only"}     # task -> the config.model.arch it trains
+TRANSLATING = ("translation", "decoder_only_mt")   # the tasks whose model translates (dev and test BLEU)
 SIDES = ("source", "target")
 _MLM_STREAM = 0x6d6c6d              # the masked LM's random stream, apart from the batch plan's
 
@@ -37,7 +38,7 @@ def task_of(data_config) -> str:
 
 def translates(data_config) -> bool:
   """Whether the task's model translates (and so has a dev and test BLEU)."""
-  return task_of(data_config) in ("translation", "decoder_only_mt")
+  return task_of(data_config) in TRANSLATING
 
 
 def text_side(data_config) -> str:

@@ -105,9 +105,14 @@ def _main(argv) -> None:
   except argparse.ArgumentTypeError as error:
     parser.error(str(error))
   try:
-    run_decode = run.load_run_config(args.workdir).decode
+    run_config = run.load_run_config(args.workdir)
   except FileNotFoundError as e:
     fail(f"--workdir {args.workdir}: {e}")
+  task = tasks.task_of(run_config.data)
+  if args.input is not None and not tasks.translates(run_config.data):
+    fail(f"--input translates, but {args.workdir} was trained with config.data.task={task!r}"
+         + (": continue a text with --prompt instead" if task == "lm" else ""))
+  run_decode = run_config.decode
   for key, fallback in DEFAULTS.items():
     if getattr(args, key) is None:
       setattr(args, key, type(fallback)(run_decode.get(key, fallback)))
@@ -130,10 +135,6 @@ def _main(argv) -> None:
                      f"{args.input} has {len(sources)}; they must be line-aligned")
 
   opened = run.load_run(args.workdir, args.checkpoint)
-  if not tasks.translates(opened.config.data):
-    fail(f"--input translates, but {args.workdir} was trained with config.data.task="
-         f"{tasks.task_of(opened.config.data)!r}" + (": continue a text with --prompt instead"
-                                                     if opened.model.cfg.arch == "decoder_only" else ""))
   step = opened.step
   batch_tokens = args.batch_tokens
   where = f"{args.workdir} step {step}" + (" (averaged)" if args.checkpoint == "averaged" else "")

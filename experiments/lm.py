@@ -3,16 +3,14 @@
 
 Command:  python -m train --config experiments/lm.py --workdir runs/lm
 Expected: not yet measured (docs/family.md). Perplexity = exp(eval/nll) of the dev targets, per piece
-          (EOS included); the train loop's batches already hold BOS + target / target + EOS, which is
-          exactly a language model's input and output, so this runs on the unchanged train loop.
+          (EOS included). data.task=lm: every batch row holds BOS + text / text + EOS, packed as the
+          default packs its targets; --config.data.text_side=source reads the English-like side instead.
 Smoke:    python -m train --config experiments/lm.py:smoke --workdir /tmp/lm_smoke  (seconds)
 
 Why these settings: the default experiment's budget and optimizer; four decoder layers, so that the
 parameter count is close to the 2+2-layer encoder-decoder default (the cross-attention it lacks).
 """
-import ml_collections
-
-from experiments import default
+from experiments._family import family_config
 
 ARGS = (None, "smoke")
 
@@ -20,15 +18,7 @@ ARGS = (None, "smoke")
 def get_config(arg=None):
   if arg not in ARGS:
     raise ValueError(f"experiments/lm.py: unknown arg {arg!r}; use '' or 'smoke'")
-  config = default.get_config(arg)
-  config.workdir = "runs/lm"
-  config.model.arch = "decoder_only"
-  config.model.positions = "rope"
-  config.model.num_kv_heads = ml_collections.FieldReference(None, field_type=int)
-  config.model.activation = "relu"
-  config.model.norm = "layernorm"
+  config = family_config(arg, workdir="runs/lm", task="lm", arch="decoder_only", positions="rope")
   if arg != "smoke":
     config.model.num_decoder_layers = 4
-  # No translation to score: dev loss (perplexity) only.
-  config.train.update(test_bleu=False, bleu_every=0, num_samples=0)
   return config

@@ -17,7 +17,8 @@ from run import metrics as metrics_io
 from train.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FILES = sorted(p for p in (ROOT / "experiments").glob("*.py") if p.name != "__init__.py")
+# experiments/_family.py and __init__.py are helpers, not experiments.
+FILES = sorted(p for p in (ROOT / "experiments").glob("*.py") if not p.name.startswith("_"))
 # Files whose every key must be overridable from the command line (default.py's d_k/d_v are plain None).
 TYPED = ("wmt14_ende", "wmt14_enfr", "table3")
 QUIET = {"train.test_bleu": False, "train.bleu_every": 0, "train.progress": False,
@@ -55,7 +56,8 @@ def _parse_flags(spec, *overrides):
 
 # ------------------------------------------------------------------------------------------------------
 def test_the_experiments_are_there():
-  assert {p.stem for p in FILES} >= {"default", "wmt14_ende", "wmt14_enfr", "table3"}
+  assert {p.stem for p in FILES} >= {"default", "wmt14_ende", "wmt14_enfr", "table3", "lm", "variants",
+                                     "decoder_only_mt", "mlm"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
@@ -144,6 +146,44 @@ def test_table3_declares_every_row_with_the_papers_numbers():
   smoke = []
   module.sweep(lambda name, **overrides: smoke.append(name), "smoke")
   assert len(smoke) == 2
+
+
+def _params(spec, overrides=()):
+  config = experiments.apply_overrides(experiments.load_experiment(str(ROOT / "experiments" / spec)), overrides)
+  return num_params(TransformerConfig(vocab_size=config.data.vocab_size, **config.model.to_dict()))
+
+
+def test_the_family_experiments_match_the_defaults_parameter_count():
+  default = _params("default.py")
+  assert default == 1_949_696
+  assert _params("decoder_only_mt.py") == 2_015_360 and _params("mlm.py") == 1_841_856
+  for name in ("decoder_only_mt", "mlm", "lm"):
+    assert abs(_params(f"{name}.py") / default - 1) < 0.07, name
+  tasks = {name: experiments.load_experiment(str(ROOT / "experiments" / f"{name}.py")).data.task
+           for name in ("decoder_only_mt", "mlm", "lm", "variants")}
+  assert tasks == {"decoder_only_mt": "decoder_only_mt", "mlm": "mlm", "lm": "lm", "variants": "translation"}
+
+
+def test_variants_varies_one_switch_at_a_time_and_keeps_the_grid():
+  path = ROOT / "experiments" / "variants.py"
+  module = _module(path)
+  for arg, count in ((None, 11), ("grid", 60), ("smoke", 1)):
+    trials = []
+    module.sweep(lambda name, **overrides: trials.append((name, overrides)), arg)
+    assert len(trials) == len({name for name, _ in trials}) == count, arg
+    spec = f"{path}:{arg}" if arg else str(path)
+    for name, overrides in trials:   # every trial is a valid model
+      config = experiments.apply_overrides(experiments.load_experiment(spec), overrides)
+      TransformerConfig(vocab_size=100, **config.model.to_dict())
+    if arg is None:
+      assert trials[0] == ("base", {})
+      assert all(len(overrides) == 1 for _, overrides in trials[1:])   # one switch from the default
+      switched = sorted(str(value) for _, overrides in trials for value in overrides.values())
+      assert switched == sorted(["learned", "rope", "alibi", "relative", "2", "1", "gelu", "swiglu", "geglu",
+                                 "rmsnorm"])
+  base = experiments.load_experiment(str(path))
+  assert _params("variants.py") == _params("default.py")   # base is the default experiment's model
+  assert base.model.arch == "encoder_decoder" and base.model.num_kv_heads is None
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
