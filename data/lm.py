@@ -39,12 +39,12 @@ def lm_text(ids):
 
 
 def pad_rows(examples, length: int) -> dict:
-  """(tgt_in, tgt_out, weights) triples -> a batch of int32 / float32 [rows, length] with 'tgt_in',
-  'tgt_out', 'tgt_segments' (1 on tokens, 0 on padding), 'tgt_positions' and 'tgt_weights'."""
+  """(tgt_in, tgt_out, weights) triples -> a batch of int32 [rows, length] with 'tgt_in', 'tgt_out',
+  'tgt_segments' (1 on tokens, 0 on padding), 'tgt_positions' and 'tgt_weights' (0/1, as the train
+  loop's optional batch key)."""
   rows = len(examples)
   batch = {k: np.zeros((rows, length), np.int32) for k in ("tgt_in", "tgt_out", "tgt_segments",
-                                                           "tgt_positions")}
-  batch["tgt_weights"] = np.zeros((rows, length), np.float32)
+                                                           "tgt_positions", "tgt_weights")}
   for row, (tokens_in, tokens_out, weights) in enumerate(examples):
     n = len(tokens_in)
     if n > length:
