@@ -135,6 +135,37 @@ def render_input_pipeline(r: dict) -> str:
                     _table(["stage", "seconds", "items", "target tokens/s"], body), ""])
 
 
+def render_trees(r: dict) -> str:
+  """Markdown for benchmarks/results/trees.json: the train loop of two checkouts, side by side."""
+  body = [[f"`{t['commit']}` ({t['path']})", _num(t["median"]),
+           f"{_num(min(t['tokens_per_s']))}-{_num(max(t['tokens_per_s']))}"] for t in r["trees"]]
+  ratio = r["ratio_after_over_before"]
+  return "\n".join([f"## Two checkouts' train loop: {r['date']}", "",
+                    *([f"> {r['note']}", ""] if r.get("note") else []),
+                    f"`python -m benchmarks.trees`: {r['steps']} steps of each tree's default experiment, "
+                    f"in a fresh process per run, the trees taking turns for {len(r['trees'][0]['tokens_per_s'])}"
+                    f" rounds; target tokens/s after the first {r['log_every']} (compiling) steps.", "",
+                    f"- Command: `{r['command']}`", "",
+                    _table(["tree", "tokens/s (median)", "spread"], body), "",
+                    f"After / before: {ratio['median']:.3f}x, the median of the rounds' ratios "
+                    f"({ratio['min']:.3f}-{ratio['max']:.3f}).", ""])
+
+
+def render_kv_cache(r: dict) -> str:
+  """Markdown for benchmarks/results/kv_cache.json: cache memory and decoding speed of MHA, GQA, MQA."""
+  m = r["model"]
+  body = [[x["attention"], str(x["num_kv_heads"]), f"{x['cache_mib']:.2f}", _num(x["tokens_per_s"]),
+           f"{_num(x['slowest'])}-{_num(x['fastest'])}",
+           f"{x['tokens_per_s'] / r['results'][0]['tokens_per_s']:.2f}x"] for x in r["results"]]
+  return "\n".join([f"## KV cache: MHA, GQA, MQA: {r['date']}", "",
+                    *([f"> {r['note']}", ""] if r.get("note") else []),
+                    f"A decoder-only model (d_model {m['d_model']}, {m['num_heads']} heads, {m['layers']} "
+                    f"layers, vocabulary {m['vocab_size']}) greedily decodes {r['length']} tokens for "
+                    f"{r['rows']} rows; medians of {r['repeats']} round-robin rounds in one process.", "",
+                    f"- Command: `{r['command']}`", "",
+                    _table(["attention", "kv heads", "cache MiB", "tokens/s", "spread", "vs MHA"], body), ""])
+
+
 def render_page(results_dir=RESULTS, notes_dir=NOTES) -> str:
   notes = sorted(pathlib.Path(notes_dir).glob("*.md"))
   intro = [n for n in notes if n.name == "intro.md"]
@@ -146,6 +177,10 @@ def render_page(results_dir=RESULTS, notes_dir=NOTES) -> str:
     result = json.loads(path.read_text())
     if result.get("benchmark") == "throughput":
       sections.append(render_run(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
+    elif "ratio_after_over_before" in result:
+      sections.append(render_trees(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
+    elif path.stem.startswith("kv_cache"):
+      sections.append(render_kv_cache(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
     elif "stages" in result:
       sections.append(render_input_pipeline(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
   sections += [n.read_text().strip() + "\n" for n in notes if n.name != "intro.md"]

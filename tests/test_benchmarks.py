@@ -147,3 +147,24 @@ def test_kv_cache_benchmark_times_each_variant_every_round_and_sizes_the_cache()
   mha, gqa, mqa = (r["cache_mib"] for r in results)
   # K and V grow linearly with the kv heads (8, 2, 1) on top of what does not (positions)
   assert mha > gqa > mqa and (mha - gqa) == pytest.approx(6 * (gqa - mqa))
+
+
+def test_report_renders_trees_and_kv_cache_results(tmp_path):
+  """The performance page has a section for each results file of benchmarks.trees and .kv_cache."""
+  trees = dict(date="D1", note="n", command="python -m benchmarks.trees", steps=300, log_every=50,
+               trees=[dict(path="/a", commit="aaa", tokens_per_s=[900.0, 1000.0, 1100.0], median=1000.0),
+                      dict(path="/b", commit="bbb", tokens_per_s=[1800.0, 2000.0, 2200.0], median=2000.0)],
+               ratio_after_over_before=dict(median=2.0, min=1.9, max=2.1, per_round=[1.9, 2.0, 2.1]))
+  kv = dict(date="D2", note="", command="python -m benchmarks.kv_cache", length=512, rows=8, repeats=5,
+            model=dict(d_model=512, num_heads=8, layers=6, vocab_size=8000, d_ff=2048),
+            results=[dict(attention="MHA", num_kv_heads=8, cache_mib=96.0, tokens_per_s=400.0, slowest=390.0,
+                          fastest=410.0),
+                     dict(attention="MQA", num_kv_heads=1, cache_mib=12.0, tokens_per_s=600.0, slowest=590.0,
+                          fastest=610.0)])
+  (tmp_path / "trees.json").write_text(json.dumps(trees))
+  (tmp_path / "kv_cache.json").write_text(json.dumps(kv))
+  page = report.render_page(tmp_path, tmp_path)
+  assert "| `bbb` (/b) | 2,000 | 1,800-2,200 |" in page
+  assert "After / before: 2.000x" in page and "(1.900-2.100)" in page
+  assert "| MQA | 1 | 12.00 | 600 | 590-610 | 1.50x |" in page
+  assert "Source: `benchmarks/results/kv_cache.json`" in page
