@@ -160,3 +160,19 @@ def test_table3_smoke_sweep_interrupted_then_finished(tmp_path):
   assert json.loads((out / "C_N2" / "config.json").read_text())["train"]["bleu_every"] == 0
   assert "| C_N2 | done |" in (out / "results.md").read_text()
   assert (out / "results.png").stat().st_size > 10_000
+
+
+def test_a_slurm_trials_clock_starts_when_its_job_runs(tmp_path, monkeypatch):
+  """Time in SLURM's queue is not the trial's wall-clock: SlurmTrial notes when the job is first seen
+  running, and the sweep measures from there."""
+  from train import slurm
+  states = iter(["PENDING", "PENDING", "RUNNING", "RUNNING", "COMPLETED"])
+  clock = iter([100.0, 130.0, 175.0])
+  monkeypatch.setattr(slurm, "job_state", lambda job_id: next(states))
+  monkeypatch.setattr(slurm.time, "time", lambda: next(clock))
+  with open(tmp_path / "log", "w") as log:
+    trial = slurm.SlurmTrial("7", tmp_path, log)
+    assert trial.poll() is None and trial.poll() is None and trial.started is None   # queued
+    assert trial.poll() is None and trial.started == 100.0                          # running from here
+    assert trial.poll() is None and trial.started == 100.0
+    assert trial.poll() == 0 and trial.started == 100.0

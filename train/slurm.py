@@ -184,10 +184,13 @@ class SlurmTrial:
     self.job_id, self.dir, self.log = job_id, trial_dir, log
     self.pid = f"slurm:{job_id}"
     self.returncode = None
+    self.started = None     # time.time() when the job was first seen running: its wall-clock starts there
 
   def poll(self):
     if self.returncode is None:
       state = job_state(self.job_id)
+      if state == "RUNNING" and self.started is None:
+        self.started = time.time()
       if state not in _ALIVE:
         out = task_log(self.dir, self.job_id)
         if out.exists():

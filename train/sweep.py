@@ -230,7 +230,9 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
           continue
         running.remove(r)
         r.log.close()
-        seconds = read_status(r.dir).get("seconds", 0.0) + (time.time() - r.start)
+        # A SLURM job's clock starts when it starts running, not while it waits in the queue.
+        began = getattr(r.process, "started", None) or r.start
+        seconds = read_status(r.dir).get("seconds", 0.0) + (time.time() - began)
         if code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
           (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
