@@ -234,3 +234,27 @@ def test_a_task_that_does_not_fit_is_a_one_line_user_error(experiment, overrides
   if "data.task" in message:
     assert all(task in err for task in TASKS)
   assert not workdir.exists()                            # checked before anything is written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switches", [
+    {},                                                                   # rope, MQA, SwiGLU, RMSNorm
+    {"model.positions": "relative", "model.num_kv_heads": 2, "model.activation": "geglu"},
+    {"model.positions": "alibi", "model.activation": "gelu", "model.norm": "layernorm"},
+    {"model.positions": "learned", "model.num_kv_heads": 2, "model.pre_norm": True}],
+    ids=["rope_mqa_swiglu_rmsnorm", "relative_gqa_geglu", "alibi_gelu", "learned_gqa_prenorm"])
+def test_each_variant_resumes_exactly(switches, vocab_dir, tmp_path):
+  """Every kind of switch (positions, KV heads, FFN, norm) on the translation task: 4 steps in one go
+  equal 2 steps, a kill, and a resume for 2 more (metrics and parameters)."""
+  config = config_for("variants", **{**RUN, **switches, "train.test_bleu": False})
+  whole = new_workdir(vocab_dir, tmp_path / "whole")
+  outcome = train_and_evaluate(config, whole)
+  resumed = tmp_path / "resumed"
+  shutil.copytree(whole, resumed)
+  shutil.rmtree(resumed / ckpt.CHECKPOINTS / "4")      # as if killed after saving step 2
+  again = train_and_evaluate(config, resumed)
+  assert outcome.step == again.step == 4
+  comparable = lambda workdir: [{k: v for k, v in line.items() if k not in TIMING_KEYS}
+                                for line in metrics_io.read_metrics(workdir)]
+  assert comparable(resumed) == comparable(whole)
+  assert_trees_equal(jax.device_get(ckpt.load_params(resumed)), jax.device_get(ckpt.load_params(whole)))
