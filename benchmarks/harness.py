@@ -197,6 +197,12 @@ def machine() -> dict:
           **{flag: flag in flags for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}}
 
 
+def has_bfloat16(info: dict) -> bool:
+  """Whether machine()'s CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without either, XLA
+  emulates bfloat16 matmuls and they run slower than float32 (benchmarks/notes/targets.md)."""
+  return bool(info.get("avx512_bf16") or info.get("amx_bf16"))
+
+
 def versions(names=("jax", "jaxlib", "flax", "torch", "transformers", "ctranslate2", "numpy")) -> dict:
   """Installed versions (from package metadata: nothing is imported)."""
   out = {"python": platform.python_version()}

@@ -95,7 +95,8 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
 
 
 def auto_vocab_size(num_pairs: int) -> int:
-  """config.data.vocab_size=0: pieces by corpus size, 16 * sqrt(pairs) rounded to 500, in [1000, 32000]
-  (28k pairs: 2,500; 75k: 4,500; 1M: 16,000). Small corpora see each piece of a large vocabulary too
-  rarely to learn it, and a smaller output layer also leaves compute for depth on a CPU."""
-  return int(min(32_000, max(1_000, round(16 * num_pairs ** 0.5 / 500) * 500)))
+  """config.data.vocab_size=0: pieces by corpus size, 44 * sqrt(pairs) rounded to 500, in [1000, 32000]
+  (20k pairs: 6,000; 28k: 7,500; 75k: 12,000; 500k: 31,000). Tuned on one 75k-pair corpus at a 10-minute
+  CPU budget (experiments/small_corpus.py: 2,000-16,000 pieces tried, 12,000 best): a small corpus sees
+  each piece of a large vocabulary too rarely to learn it, and the output layer's cost grows with it."""
+  return int(min(32_000, max(1_000, round(44 * num_pairs ** 0.5 / 500) * 500)))

@@ -1,4 +1,4 @@
-"""Your own small parallel corpus (20k-100k pairs) on a 2-core CPU.
+"""Your own small parallel corpus (20k-100k pairs) on a 2-core CPU, in about 10 minutes.
 
 Command (your files: TSV "source<TAB>target", or two line-aligned files joined by a comma):
   python -m train --config experiments/small_corpus.py --workdir runs/mine \\
@@ -9,44 +9,65 @@ Command (your files: TSV "source<TAB>target", or two line-aligned files joined b
 Smoke (seconds, offline, on the embedded corpus): python -m train --config experiments/small_corpus.py:smoke
   --workdir /tmp/small_smoke
 
-Expected and cost: the default experiment's cost (1,000 steps of 2,048 tokens at 1.9M parameters, about
-10 minutes on 2 idle cores). Measured so far (docs/small_corpus.md, 2026-11-23, on the 81k-pair
-English->German software-message corpus of scripts/build_po_corpus.py, on a heavily shared machine):
-dev loss 4.09 at step 500; test sacreBLEU on 500 test sentences at step 500: 3.54, BELOW the default settings' 7.47 at the same
-step. The full 1,000-step comparison is still to be run, and these settings are not yet shown to beat
-the default's (the issue asks for 1.7x); see docs/small_corpus.md for what to try next.
+Expected (docs/small_corpus.md; 2026-11-24, the 75k-pair English->German software-message corpus of
+scripts/build_po_corpus.py, a 2-core AMD EPYC with AVX512-BF16, nothing else running): test sacreBLEU
+(all 3,998 pairs) 24.66 final, 24.77 averaged, in 526 s for the whole command; the default settings on
+the same files, run just before: 13.48 in 302 s. 1.83x, both within the budget of about 10 minutes on
+2 cores.
 
-Why these settings (untested choices, not yet measured to help; the default experiment is tuned for the synthetic corpus, which has no noise and
-nothing to overfit; a real corpus of this size is seen 4-6 times in the budget):
-- vocabulary by corpus size (config.data.vocab_size=0: 16 * sqrt(pairs), 4,500 pieces for 75k pairs): a
-  smaller output layer, whose cost pays for a third encoder and decoder layer at the default's cost per
-  token (1.9M parameters either way at d_model 128);
-- dropout 0.1 on the residual branches and label smoothing 0.1, for repeated passes over noisy text;
-- EOS at the end of every source (data.source_eos), as tensor2tensor and fairseq do;
-- 1,000 steps of 2,048 tokens, as the default (the same compute), with a dev loss evaluation every 100
-  steps (500 dev pairs) and early stopping after 3 evaluations without improvement;
+What it changes from the default experiment, and what each change measured in tuning (dev sacreBLEU on
+500 dev pairs, each run on one core beside another run, all 2+2 layers at d_model 128):
+- pre-norm layers and a 4x higher peak learning rate, 8e-3 (cosine, 200 warmup steps): the default's
+  post-norm at 2e-3 learns too slowly for a real corpus. Post-norm at 4e-3: 20.7, at 6e-3: 19.2; pre-norm
+  at 8e-3: 20.8 (dev nll 2.67 against 2.82), at 1.2e-2: 20.2; the default's 2e-3: 16.6 (same steps).
+- a vocabulary by corpus size (config.data.vocab_size=0: 44 * sqrt(pairs) rounded to 500, so 12,000
+  pieces for 75k pairs, 7,500 for 28k): at the same wall-clock, 2,000 pieces 16.7, 4,000 18.6, 8,000 20.8,
+  12,000 21.9, 16,000 19.5. A larger vocabulary keeps more words whole (BLEU counts words); past 12k
+  the output layer's cost eats the steps.
+- more steps than the default's 1,000: 1,600 with bfloat16 matmuls, which fills the budget of about 10
+  minutes on 2 cores (the default settings use about half of it on this CPU). In tuning, at 2,320 steps:
+  25.4 (8,000 pieces) and 26.8 (12,000 pieces), against 20.8 and 21.9 at the default's own wall-clock.
+- bfloat16 matmuls only where the CPU has bfloat16 instructions (AVX512-BF16 or AMX; 1.37x the float32
+  steps/s here), with the steps scaled to keep the wall-clock; elsewhere float32 and 1,190 steps
+  (XLA emulates bfloat16 without them, slower than float32). The run's config.json records the choice.
+- EOS at the end of every source (data.source_eos), as tensor2tensor and fairseq do.
+- no dropout, as the default: in about 3 passes over 75k pairs nothing overfits (dev nll still falls
+  at the last step); early stopping on dev loss (3 evaluations without improvement) guards smaller
+  corpora that do.
+- beam search with length penalty alpha 1.0 instead of 0.6: the models under-generate (brevity penalty
+  0.87); +0.1 to +0.5 on three checkpoints.
 - a checkpoint every 50 steps and the average of the last 5 (config.train.average_last): the end prints
-  test BLEU of both the final and the averaged parameters, and writes the average to workdir/averaged.
+  test BLEU of both the final and the averaged parameters (within +-0.2 of each other in tuning, as the
+  cosine schedule ends near zero), and writes the average to workdir/averaged.
+Not adopted: 1,024-token batches with twice the steps (21.4 at 8,000 pieces and lr 6e-3, against 20.8
+for 2,048-token batches; one seed each, so not established; worth a second look). Dropped: the earlier
+version of this file (3+3 layers, dropout 0.1, 4,500 pieces, post-norm at 2e-3), which trailed the
+default settings (3.5 against 7.5 sacreBLEU on 500 test pairs at step 500).
 """
-import ml_collections
-
+from benchmarks import harness
 from experiments import default
 
 ARGS = (None, "smoke")
+STEPS_BF16 = 1600          # about 10 minutes on 2 cores of the tuning CPU, with bfloat16 matmuls
+BF16_SPEEDUP = 1.35        # their steps/s over float32's at d_model 128 on that CPU (1.37 measured)
 
 
-def get_config(arg=None):
+def get_config(arg=None, cpu: dict | None = None):
+  """cpu: harness.machine()'s answer (default: this machine), which decides bfloat16 matmuls."""
   if arg not in ARGS + ("",):
     raise ValueError(f"experiments/small_corpus.py: unknown arg {arg!r}; use '' or 'smoke'")
+  bf16 = harness.has_bfloat16(harness.machine() if cpu is None else cpu)
   config = default.get_config()
   config.workdir = "runs/small_corpus"
-  config.model.update(num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.1)
+  config.model.update(pre_norm=True)
+  config.model.matmul_dtype = "bfloat16" if bf16 else None
   config.data.update(source="files", src_lang="en", tgt_lang="de",
                      vocab_size=0,              # by corpus size (data.vocab.auto_vocab_size)
                      source_eos=True)
-  config.train.update(num_steps=1000, warmup_steps=200, learning_rate=2e-3, label_smoothing=0.1,
-                      eval_every=100, early_stop_evals=3, dev_sentences=500,
+  config.train.update(num_steps=STEPS_BF16 if bf16 else int(round(STEPS_BF16 / BF16_SPEEDUP, -1)),
+                      learning_rate=8e-3, early_stop_evals=3,
                       checkpoint_every_steps=50, keep_checkpoints=5, average_last=5)
+  config.decode.alpha = 1.0
 
   if arg == "smoke":
     smoke = default.get_config("smoke")

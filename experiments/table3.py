@@ -167,7 +167,7 @@ def _cpu_config(corpus_dir: str) -> ml_collections.ConfigDict:
   config.data.update(source="files", src_lang="en", tgt_lang="de",
                      train_path=f"{corpus}/train.tsv", dev_path=f"{corpus}/dev.tsv",
                      test_path=f"{corpus}/test.tsv",
-                     vocab_size=4000,            # BPE, ~16 * sqrt(75k pairs) (experiments/small_corpus.py)
+                     vocab_size=4000,            # BPE, fixed (an earlier 16 * sqrt(pairs) rule of thumb for 75k)
                      vocab_sample_sentences=50_000, max_len=64, batch_tokens=2048, pack=True,
                      source_eos=True)            # as the full-size rows (wmt14_ende.py)
   config.train.update(num_steps=CPU_STEPS, schedule="cosine", learning_rate=cpu_peak_lr(full.d_model // CPU_SCALE),

@@ -195,3 +195,30 @@ def test_smoke_variant_trains_two_steps(path, tmp_path):
   losses = [line["train/loss"] for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
   assert losses and all(math.isfinite(loss) for loss in losses)
   assert math.isfinite(outcome.eval["eval/loss"])
+
+
+def test_small_corpus_chooses_bfloat16_by_the_cpu_and_keeps_the_budget():
+  module = _module(ROOT / "experiments" / "small_corpus.py")
+  plain = {"avx2": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False}
+  with_bf16 = module.get_config(cpu=dict(plain, avx512_bf16=True))
+  amx = module.get_config(cpu=dict(plain, amx_bf16=True))
+  without = module.get_config(cpu=plain)
+  assert with_bf16.model.matmul_dtype == amx.model.matmul_dtype == "bfloat16"
+  assert without.model.matmul_dtype is None
+  # The same wall-clock: float32 steps run 1/BF16_SPEEDUP as fast, so there are that many fewer.
+  assert with_bf16.train.num_steps == module.STEPS_BF16
+  assert abs(without.train.num_steps * module.BF16_SPEEDUP - module.STEPS_BF16) < 10
+  for config in (with_bf16, without):   # the tuned recipe (docs/small_corpus.md)
+    assert config.model.pre_norm and config.model.dropout_rate == 0.0
+    assert config.train.learning_rate == 8e-3 and config.train.average_last == 5
+    assert config.data.vocab_size == 0 and config.data.source_eos and config.decode.alpha == 1.0
+    TransformerConfig(vocab_size=12_000, **config.model.to_dict())   # a valid model config
+
+
+def test_auto_vocab_size_grows_with_the_corpus_within_bounds():
+  from data.vocab import auto_vocab_size
+  assert auto_vocab_size(74_707) == 12_000      # the corpus it was tuned on
+  assert auto_vocab_size(28_000) == 7_500
+  assert auto_vocab_size(100) == 1_000 and auto_vocab_size(10_000_000) == 32_000
+  sizes = [auto_vocab_size(n) for n in (5_000, 20_000, 80_000, 320_000)]
+  assert sizes == sorted(sizes) and all(size % 500 == 0 for size in sizes)
