@@ -20,12 +20,13 @@ import json
 import os
 import pathlib
 import platform
-import re
 import selectors
 import statistics
 import subprocess
 import sys
 import time
+
+from experiments import _cpu as cpu
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -182,25 +183,7 @@ def summary(seconds: list[float]) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The machine.
 # ----------------------------------------------------------------------------------------------------
-def machine() -> dict:
-  """CPU model, cores and the instruction-set flags that decide bfloat16 speed (from /proc/cpuinfo)."""
-  cpu, flags = platform.processor() or platform.machine(), set()
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    cpu = model.group(1).strip() if model else cpu
-    first = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    flags = set(first.group(1).split()) if first else set()
-  except OSError:
-    pass
-  return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-          **{flag: flag in flags for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}}
-
-
-def has_bfloat16(info: dict) -> bool:
-  """Whether machine()'s CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without either, XLA
-  emulates bfloat16 matmuls and they run slower than float32 (benchmarks/notes/targets.md)."""
-  return bool(info.get("avx512_bf16") or info.get("amx_bf16"))
+machine = cpu.machine              # CPU model, cores and bfloat16 flags (experiments/_cpu.py)
 
 
 def versions(names=("jax", "jaxlib", "flax", "torch", "transformers", "ctranslate2", "numpy")) -> dict:

@@ -44,7 +44,7 @@ for 2,048-token batches; one seed each, so not established; worth a second look)
 version of this file (3+3 layers, dropout 0.1, 4,500 pieces, post-norm at 2e-3), which trailed the
 default settings (3.5 against 7.5 sacreBLEU on 500 test pairs at step 500).
 """
-from benchmarks import harness
+from experiments import _cpu
 from experiments import default
 
 ARGS = (None, "smoke")
@@ -53,10 +53,10 @@ BF16_SPEEDUP = 1.35        # their steps/s over float32's at d_model 128 on that
 
 
 def get_config(arg=None, cpu: dict | None = None):
-  """cpu: harness.machine()'s answer (default: this machine), which decides bfloat16 matmuls."""
+  """cpu: experiments/_cpu.py machine()'s answer (default: this machine), which decides bfloat16 matmuls."""
   if arg not in ARGS + ("",):
     raise ValueError(f"experiments/small_corpus.py: unknown arg {arg!r}; use '' or 'smoke'")
-  bf16 = harness.has_bfloat16(harness.machine() if cpu is None else cpu)
+  bf16 = _cpu.has_bfloat16(_cpu.machine() if cpu is None else cpu)
   config = default.get_config()
   config.workdir = "runs/small_corpus"
   config.model.update(pre_norm=True)
