@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.beam_search import beam_search, length_penalty
+from decode.beam_search import CHUNK, NEG_INF, beam_search, length_penalty, top_extensions
 
 BOS, EOS = 1, 2
 
@@ -101,8 +101,8 @@ def _greedy(model, sentence_id, max_len, vocab):
   return tuple(out)
 
 
-def test_beam_one_with_alpha_zero_is_greedy():
-  vocab = 12
+@pytest.mark.parametrize("vocab", [12, 20 * CHUNK + 5])   # the second prunes by chunks (top_extensions)
+def test_beam_one_with_alpha_zero_is_greedy(vocab):
   model = PrefixModel(vocab, seed=2, eos_bias=-1.0)
   ids = list(range(8))
   seqs, _ = _search(model, ids, beam_size=1, max_len=20, alpha=0.0)
@@ -110,8 +110,8 @@ def test_beam_one_with_alpha_zero_is_greedy():
     assert _strip(seqs[b, 0]) == _greedy(model, b, 20, vocab)
 
 
-def test_returned_scores_equal_scores_recomputed_from_the_sequences():
-  vocab = 10
+@pytest.mark.parametrize("vocab", [10, 12 * CHUNK])
+def test_returned_scores_equal_scores_recomputed_from_the_sequences(vocab):
   model = PrefixModel(vocab, seed=3, eos_bias=0.5)
   seqs, scores = _search(model, [0, 1, 2], beam_size=4, max_len=12, alpha=0.6)
   for b in range(3):
@@ -207,3 +207,26 @@ def test_beam_slot_caches_search_exactly_like_gathered_caches(beam_size):
   np.testing.assert_array_equal(slot_seqs, gathered_seqs)
   np.testing.assert_allclose(slot_scores, gathered_scores, atol=1e-4)
   assert len({tuple(q) for q in np.asarray(slot_seqs).reshape(-1, 12)}) > 3   # hypotheses do differ
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_top_extensions_equal_one_top_k_over_every_extension_ties_and_all(seed):
+  # Scores on a coarse grid (many ties), dead hypotheses and sentences, vocabularies that are and are not
+  # whole chunks: the flat indices and values must be jax.lax.top_k's, tie order included.
+  rng = np.random.default_rng(seed)
+  for vocab, chunk in [(1000, 32), (8000, 32), (257, 8), (100, 4), (37, 64)]:
+    b, k = 3, int(rng.integers(1, 6))
+    grid = [0.5, 1e-3, 0.0][seed % 3]
+    logp = rng.standard_normal((b, k, vocab)).astype(np.float32)
+    alive = (30 * rng.standard_normal((b, k))).astype(np.float32)
+    if grid:
+      logp, alive = np.round(logp / grid) * grid, np.round(alive / grid) * grid
+    logp[rng.random(logp.shape) < 0.3] = NEG_INF
+    alive[rng.random(alive.shape) < 0.3] = NEG_INF
+    dead = np.array([False, True, rng.random() < 0.5])
+    total = np.where(dead[:, None, None], NEG_INF, alive[:, :, None] + logp).reshape(b, k * vocab)
+    want_values, want_idx = jax.lax.top_k(jnp.asarray(total), 2 * k)
+    values, idx = jax.jit(top_extensions, static_argnums=(3, 4))(
+        jnp.asarray(alive), jnp.asarray(logp), jnp.asarray(dead), 2 * k, chunk)
+    np.testing.assert_array_equal(idx, want_idx, err_msg=f"vocab {vocab}, chunk {chunk}")
+    np.testing.assert_array_equal(values, want_values)
