@@ -31,10 +31,10 @@ from experiments import _cpu as cpu
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _child_env(extra: dict) -> dict:
-  """The environment of a child process: ours, plus `extra`, with this checkout first on the path."""
+def _child_env(extra: dict, tree=REPO) -> dict:
+  """The environment of a child process: ours, plus `extra`, with `tree` (this checkout) first on the path."""
   env = dict(os.environ, **extra)
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
   return env
 
 
@@ -45,19 +45,20 @@ class WorkerError(RuntimeError):
 class Worker:
   """One system in its own process. status: 'new', 'ready', 'absent' or 'failed' (with `reason`)."""
 
-  def __init__(self, name: str, module: str, spec: dict, env: dict | None = None):
-    self.name, self.module, self.spec, self.env = name, module, spec, env or {}
+  def __init__(self, name: str, module: str, spec: dict, env: dict | None = None, tree=REPO):
+    """tree: the checkout the worker's code comes from (another one: a before/after comparison)."""
+    self.name, self.module, self.spec, self.env, self.tree = name, module, spec, env or {}, tree
     self.status, self.reason, self.pid, self.info, self.tasks = "new", None, None, {}, []
     self.process = self.log = None
 
   def start(self, log_dir, timeout: float) -> None:
     """Starts the process and waits until it is set up (loaded, compiled, warmed once)."""
     self.log = pathlib.Path(log_dir) / f"{self.name}.log"
-    env = _child_env(self.env)
+    env = _child_env(self.env, self.tree)
     with open(self.log, "w") as log:
       self.process = subprocess.Popen([sys.executable, "-m", self.module, json.dumps(self.spec)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                      env=env, cwd=REPO, text=True, bufsize=1)
+                                      env=env, cwd=self.tree, text=True, bufsize=1)
     try:
       message = self._receive(timeout)
     except WorkerError as error:
@@ -195,6 +196,13 @@ def versions(names=("jax", "jaxlib", "flax", "torch", "transformers", "ctranslat
     except importlib.metadata.PackageNotFoundError:
       out[name] = "absent"
   return out
+
+
+def commit_of(tree=REPO) -> str:
+  """The short commit of a checkout, with '+changes' when its tracked files differ from it."""
+  git = lambda *a: subprocess.run(["git", "-C", str(tree), *a], capture_output=True, text=True)
+  head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+  return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
 
 
 def now() -> str:

@@ -20,10 +20,12 @@ PAGE = HERE.parent / "docs" / "performance.md"
 TRAIN_LABELS = {"ours": "ours, float32", "ours_bf16": "ours, bfloat16 matmuls",
                 "torch": "PyTorch eager, float32", "torch_bf16": "PyTorch eager, autocast bfloat16",
                 "torch_compile": "torch.compile, float32",
-                "torch_compile_bf16": "torch.compile, autocast bfloat16"}
+                "torch_compile_bf16": "torch.compile, autocast bfloat16",
+                "ours_baseline": "ours, float32, --baseline checkout"}
 DECODE_LABELS = {"ours": "ours, float32", "ours_bf16": "ours, bfloat16 matmuls",
                  "hf": "Hugging Face generate, eager", "hf_compile": "Hugging Face generate, torch.compile",
-                 "ct2": "CTranslate2 float32", "ct2_int8": "CTranslate2 int8_float32"}
+                 "ct2": "CTranslate2 float32", "ct2_int8": "CTranslate2 int8_float32",
+                 "ours_baseline": "ours, float32, --baseline checkout"}
 
 
 def _num(x: float) -> str:
@@ -84,7 +86,11 @@ def render_run(r: dict) -> str:
           f"{a['warmup']} warm-up runs, {a['pause']} s idle before each run; the spread is the "
           "slowest-fastest run; a ratio is ours over the peer's speed, of the medians (in brackets: "
           "the lowest and highest ratio within one round).",
-          f"- Command: `{r['command']}`", ""]
+          f"- Command: `{r['command']}`"]
+  if r.get("baseline"):
+    out += [f"- Code: `{r.get('commit', '?')}`; the --baseline checkout (ours_baseline) is `{r['baseline']}`, "
+            "timed in the same rounds, so ours over ours_baseline is the speed-up of the change between them."]
+  out += [""]
   peak = r.get("peak", {})
   if peak:
     body = [[dtype, *(_rate_cells(row, row["info"]["peak"]["flops"] / 1e9) if "median_s" in row else

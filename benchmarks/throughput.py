@@ -20,6 +20,8 @@ quartiles, go to benchmarks/results/throughput[-PRESET].json.
 - Decoding (target tokens/s, exactly --decode_len tokens per sentence): greedy and beam --beam_size for
   ours (decode/translate.py's search, sentences split over one CPU device per core), Hugging Face
   `generate` eager, Hugging Face greedy under torch.compile, CTranslate2 float32 and int8_float32.
+--baseline DIR: the same float32 rows from another checkout (code before a change), as the extra system
+ours_baseline; the ratio ours/ours_baseline is the change's speed-up, measured in the same rounds.
 --preset default: the default experiment's model (d_model 128, 2+2 layers, no dropout) and its packed
 2,048-token batch: our training rows only (MarianMTModel has no packed-row attention), and decoding.
 """
@@ -67,6 +69,9 @@ def parse_args(argv=None):
   p.add_argument("--skip", default="", help="comma list of parts (peak, train, decode) and systems "
                  "(ours, ours_bf16, torch, torch_bf16, torch_compile, torch_compile_bf16, hf, "
                  "hf_compile, ct2, ct2_int8) to leave out")
+  p.add_argument("--baseline", default=None, metavar="DIR",
+                 help="another checkout of this repository: its float32 training and decoding run as the "
+                      "extra system ours_baseline, in the same rounds, so a change is measured side by side")
   p.add_argument("--setup_timeout", type=float, default=1800.0, help="seconds a system may take to set up")
   p.add_argument("--note", default="", help="a line for the performance page, e.g. the machine's state")
   p.add_argument("--out", default=None, help="default: benchmarks/results/throughput[-PRESET].json")
@@ -115,18 +120,21 @@ TRAIN_SYSTEMS = [
     ("torch", TORCH, {"autocast": False, "compile": False}),
     ("torch_bf16", TORCH, {"autocast": True, "compile": False}),
     ("torch_compile", TORCH, {"autocast": False, "compile": True}),
-    ("torch_compile_bf16", TORCH, {"autocast": True, "compile": True})]
+    ("torch_compile_bf16", TORCH, {"autocast": True, "compile": True}),
+    ("ours_baseline", OURS, {"matmul_dtype": None})]   # only with --baseline
 DECODE_SYSTEMS = [
     ("ours", OURS, {"matmul_dtype": None}),
     ("ours_bf16", OURS, {"matmul_dtype": "bfloat16"}),
     ("hf", TORCH, {"autocast": False, "compile": False}),
     ("hf_compile", TORCH, {"autocast": False, "compile": True}),
     ("ct2", CT2, {"compute_type": "float32"}),
-    ("ct2_int8", CT2, {"compute_type": "int8_float32"})]
+    ("ct2_int8", CT2, {"compute_type": "int8_float32"}),
+    ("ours_baseline", OURS, {"matmul_dtype": None})]   # only with --baseline
 # Which peer each of our rows is compared with (a ratio > 1: ours is faster).
 TRAIN_PAIRS = [("ours", "torch"), ("ours", "torch_compile"), ("ours_bf16", "torch_bf16"),
-               ("ours_bf16", "torch_compile_bf16")]
-DECODE_PAIRS = [(o, p) for o in ("ours", "ours_bf16") for p in ("hf", "hf_compile", "ct2", "ct2_int8")]
+               ("ours_bf16", "torch_compile_bf16"), ("ours", "ours_baseline"), ("ours_baseline", "torch")]
+DECODE_PAIRS = [(o, p) for o in ("ours", "ours_bf16") for p in ("hf", "hf_compile", "ct2", "ct2_int8")] + [
+    ("ours", "ours_baseline"), ("ours_baseline", "ct2")]
 
 
 def xla_env(devices: int) -> dict:
@@ -145,7 +153,8 @@ def run_part(systems, tasks_of, base_spec: dict, args, log_dir) -> tuple[dict, d
   for name, module, options in systems:
     tasks = tasks_of(name)
     env = xla_env((os.cpu_count() or 1) if "greedy" in tasks else 1) if module == OURS else {}
-    workers.append(harness.Worker(name, module, dict(base_spec, **options, tasks=tasks), env))
+    tree = args.baseline if name == "ours_baseline" else harness.REPO
+    workers.append(harness.Worker(name, module, dict(base_spec, **options, tasks=tasks), env, tree))
   harness.start(workers, log_dir, args.setup_timeout)
   times = {}
   try:
@@ -193,12 +202,23 @@ def ratios(times: dict, pairs) -> dict:
 def main(argv=None):
   args = parse_args(argv)
   skip = set(filter(None, args.skip.split(",")))
+  if args.baseline is None:
+    skip.add("ours_baseline")
+  elif not (pathlib.Path(args.baseline) / "benchmarks" / "systems" / "ours.py").exists():
+    raise SystemExit(f"--baseline {args.baseline}: not a checkout of this repository "
+                     "(no benchmarks/systems/ours.py)")
+  else:
+    args.baseline = str(pathlib.Path(args.baseline).resolve())
   packed = args.preset == "default"
   command = shlex.join(["python", "-m", "benchmarks.throughput"] + list(sys.argv[1:] if argv is None else argv))
+  # The rows of the results: every system (skipped ones say so) but ours_baseline, which needs --baseline.
+  listed = lambda systems: [n for n, _, _ in systems if n != "ours_baseline" or args.baseline]
   result = {"benchmark": "throughput", "date": harness.now(), "command": command, "note": args.note,
             "preset": args.preset,
             "machine": harness.machine(), "versions": harness.versions(), "args": vars(args),
             "model": model_fields(args), "harness_pid": os.getpid(),
+            "commit": harness.commit_of(),
+            "baseline": harness.commit_of(args.baseline) if args.baseline else None,
             "load_average": {"start": os.getloadavg()[0]}}
   with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as shared:
     base = {"dir": shared, "model": result["model"], "threads": args.threads,
@@ -237,7 +257,7 @@ def main(argv=None):
       result["train"] = {
           "batch": f"{shape[0]} rows x {shape[1]} ({'packed' if packed else 'one pair a row'})",
           "target_tokens": tokens, "model_flops": flops,
-          "systems": rows(times.get("train", {}), workers, [n for n, _, _ in TRAIN_SYSTEMS], lambda s: {
+          "systems": rows(times.get("train", {}), workers, listed(TRAIN_SYSTEMS), lambda s: {
               "tokens_per_s": tokens / s, "gflops": flops / s / 1e9}, not_run),
           "ratios": ratios(times.get("train", {}), TRAIN_PAIRS)}
 
@@ -248,7 +268,7 @@ def main(argv=None):
       tokens = args.decode_batch * args.decode_len
       result["decode"] = {"tokens": tokens, "beam_size": args.beam_size}
       for task in ("greedy", "beam"):
-        names = [n for n, _, _ in DECODE_SYSTEMS if task in tasks_of(n)]
+        names = [n for n in listed(DECODE_SYSTEMS) if task in tasks_of(n)]
         result["decode"][task] = {
             "systems": rows(times.get(task, {}), workers, names, lambda s: {"tokens_per_s": tokens / s}),
             "ratios": ratios(times.get(task, {}), DECODE_PAIRS)}

@@ -28,11 +28,6 @@ from benchmarks import harness
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "trees.json"
 
 
-def _git_head(tree: pathlib.Path) -> str:
-  out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-  return out.stdout.strip() or "unknown"
-
-
 def run_once(tree: pathlib.Path, workdir: pathlib.Path, steps: int, log_every: int, extra: list[str]) -> float:
   """Trains `steps` steps in `tree`; returns the median target tokens/s of its log intervals after the first."""
   flags = [f"--config.train.num_steps={steps}", f"--config.train.log_every={log_every}",
@@ -76,14 +71,14 @@ def main(argv=None) -> None:
         time.sleep(0.5)
         speed = run_once(tree, pathlib.Path(tmp) / f"round{r}_{i}", args.steps, args.log_every, extra)
         speeds[i].append(speed)
-        print(f"[trees] round {r + 1}/{args.rounds} {tree} ({_git_head(tree)}): {speed:,.0f} target tokens/s",
+        print(f"[trees] round {r + 1}/{args.rounds} {tree} ({harness.commit_of(tree)}): {speed:,.0f} target tokens/s",
               flush=True)
   before, after = speeds
   ratios = [a / b for a, b in zip(after, before)]
   result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "note": args.note, "machine": harness.machine(),
             "command": "python -m benchmarks.trees " + " ".join(argv if argv is not None else sys.argv[1:]),
             "steps": args.steps, "log_every": args.log_every, "overrides": extra,
-            "trees": [{"path": str(t), "commit": _git_head(t), "tokens_per_s": runs,
+            "trees": [{"path": str(t), "commit": harness.commit_of(t), "tokens_per_s": runs,
                        "median": statistics.median(runs)} for t, runs in zip(trees, speeds)],
             "ratio_after_over_before": {"median": statistics.median(ratios), "min": min(ratios),
                                         "max": max(ratios), "per_round": ratios}}

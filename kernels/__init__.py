@@ -4,6 +4,7 @@ plugs them in (the way Flax plugs fp8 matmuls into Dense through `dot_general`) 
 TransformerConfig.kernels chooses them:
 
   mixed_matmul   bfloat16-operand matmuls with float32 accumulation, custom gradient (mixed precision)
+  flat_matmul    float32 dense layers with several contracted or output axes as one 2-D matmul
   dropout16      dropout drawing 16 random bits per element instead of 32
   decode_cache   head-major decoding caches stored in the matmul dtype, and beam-slot caches that beam
                  search never copies

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import kernels
-from kernels import decode_cache, dropout16, mixed_matmul, output_layer
+from kernels import decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
 from model.cache import KVCache
 from model.config import TransformerConfig, as_dtype
 
@@ -33,7 +33,8 @@ def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_e
 class Ops:
   """The pieces the layers are built from.
 
-  dot_general: for every matmul (None: lax.dot_general in the compute dtype; set for mixed precision).
+  dot_general: for every matmul (None: lax.dot_general in the compute dtype). The CPU path sets
+  kernels.flat_matmul's in float32 and kernels.mixed_matmul's for mixed precision.
   dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
   cache: beam_slots -> the decoding cache (model.cache.KVCache's methods).
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
@@ -53,7 +54,9 @@ class Ops:
   @property
   def float32_dot_general(self):
     """A dot_general whose result is float32 whatever the operands (the output layer's)."""
-    return self.dot_general or functools.partial(lax.dot_general, preferred_element_type=jnp.float32)
+    if self.matmul_dtype is not None:   # both mixed-precision dot_generals return float32
+      return self.dot_general
+    return functools.partial(self.dot_general or lax.dot_general, preferred_element_type=jnp.float32)
 
 
 def _reference_logits(dot_general, y, table):
@@ -77,7 +80,8 @@ def ops_for(cfg: TransformerConfig) -> Ops:
         return plain_cache(beam_slots)
       kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
       return kind(**shape, matmul_dtype=mixed)
-    return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed), dropout=dropout16.Dropout, cache=cache,
+    return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
+               dropout=dropout16.Dropout, cache=cache,
                decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),
                decoding_logits=output_layer.logits, fused_loss=cfg.arch != "encoder_only")
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import textwrap
 
 import pytest
@@ -112,6 +113,27 @@ def test_throughput_peers_each_in_own_process(tmp_path):
     assert greedy["systems"][name]["status"] == "ready", greedy["systems"][name]
     assert f"ours/{name}" in greedy["ratios"]
   assert greedy["systems"]["ct2_int8"]["info"]["compute_type"] == "int8_float32"
+
+
+@pytest.mark.slow
+def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(tmp_path):
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  baseline = tmp_path / "baseline"
+  for package in repo.iterdir():   # the Python packages are what a worker imports
+    if (package / "__init__.py").exists():
+      shutil.copytree(package, baseline / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+  out = tmp_path / "throughput.json"
+  throughput.main(TINY + ["--skip", ",".join(PEERS + ["ours_bf16", "peak"]), "--baseline", str(baseline),
+                          "--out", str(out)])
+  result = json.loads(out.read_text())
+  for part in (result["train"], result["decode"]["greedy"], result["decode"]["beam"]):
+    ours, base = part["systems"]["ours"], part["systems"]["ours_baseline"]
+    assert ours["info"]["code"] == str(repo) and base["info"]["code"] == str(baseline.resolve())
+    assert ours["runs"] == base["runs"] == 1 and ours["pid"] != base["pid"]
+    assert "ours/ours_baseline" in part["ratios"]
+  assert "--baseline checkout" in report.render_run(result)
+  with pytest.raises(SystemExit, match="not a checkout"):
+    throughput.main(TINY + ["--baseline", str(tmp_path / "nothing"), "--out", str(out)])
 
 
 def test_performance_page_is_generated_from_the_results():

@@ -8,12 +8,13 @@ import functools
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import kernels
-from kernels import dropout16
+from kernels import dropout16, flat_matmul
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import ops_for
 
@@ -36,6 +37,45 @@ def test_auto_picks_the_fast_paths_on_the_cpu_backend_only(monkeypatch):
     assert not ops.fused_loss and ops.dropout is nn.Dropout and ops.dot_general is None
   with pytest.raises(ValueError, match="kernels='fast' is not one of"):
     kernels.resolve("fast")
+
+
+def _dot_ranks(fn, *args):
+  """(lhs rank, rhs rank) of every dot_general in fn's jaxpr, nested jaxprs included."""
+  ranks = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        ranks.append(tuple(v.aval.ndim for v in eqn.invars))
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return ranks
+
+
+def test_flat_matmul_runs_attention_projections_and_their_gradients_as_2d_matmuls():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((3, 5, 16)), jnp.float32)
+  w_in = jnp.asarray(rng.standard_normal((16, 4, 8)), jnp.float32)     # [d_model, heads, d_k]
+  w_out = jnp.asarray(rng.standard_normal((4, 8, 16)), jnp.float32)    # [heads, d_v, d_model]
+
+  def layer(dot_general, x, w_in, w_out):
+    h = dot_general(x, w_in, (((2,), (0,)), ((), ())))                   # [3, 5, 4, 8]
+    return jnp.sum(dot_general(h, w_out, (((2, 3), (0, 1)), ((), ()))) ** 2)
+
+  grad = lambda dg: jax.grad(functools.partial(layer, dg), argnums=(0, 1, 2))
+  want, got = grad(jax.lax.dot_general)(x, w_in, w_out), grad(flat_matmul.dot_general)(x, w_in, w_out)
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+  assert all(r == (2, 2) for r in _dot_ranks(grad(flat_matmul.dot_general), x, w_in, w_out))
+  assert any(r != (2, 2) for r in _dot_ranks(grad(jax.lax.dot_general), x, w_in, w_out))
+  # Products with batch axes (attention's) or contractions elsewhere are lax.dot_general's, unchanged.
+  q = jnp.asarray(rng.standard_normal((3, 5, 4, 8)), jnp.float32)
+  batched = (((3,), (3,)), ((0, 2), (0, 2)))
+  np.testing.assert_array_equal(flat_matmul.dot_general(q, q, batched), jax.lax.dot_general(q, q, batched))
+  assert _dot_ranks(lambda a: flat_matmul.dot_general(a, a, batched), q) == [(4, 4)]
+  assert ops_for(SMALL.replace(kernels="cpu")).dot_general is flat_matmul.dot_general
 
 
 def _loss_and_grads(cfg, params, src, tgt, dropout_key=None):

@@ -87,7 +87,7 @@ def search(spec: dict, cfg: TransformerConfig, params, beam_size: int):
 
 
 def setup(spec: dict):
-  tasks, info = {}, {"devices": len(jax.devices())}
+  tasks, info = {}, {"devices": len(jax.devices()), "code": str(pathlib.Path(__file__).resolve().parents[2])}
   if "peak" in spec["tasks"]:
     tasks["peak"], info["peak"] = peak(spec["peak_dtype"])
   wanted = [t for t in spec["tasks"] if t != "peak"]
