@@ -12,7 +12,9 @@ results up to float rounding:
   *slot* j of sentence r, written by whichever hypothesis held the slot at each step; 'slot_history'
   int32 [n, L] names, per row and position, the slot holding that entry, and only it is reordered. Each
   hypothesis attends over (slot, position) jointly (`beam_attention`), k times the small attention
-  arithmetic of one step instead of copying every layer's cache at every step.
+  arithmetic of one step instead of copying every layer's cache at every step. Its keys are stored
+  [n, h, d_k, L], positions last, so that the scores' sum over d_k adds whole rows of positions (SIMD
+  lanes side by side) rather than summing across the lanes of each d_k-vector.
 """
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
 def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   """Attention of each sentence's k hypotheses against the caches of all k of its beam slots.
 
-  q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, L, d_k] and
-  v: [b, k, h, L, d_v], the head-major caches of the sentence's k slots; mask: bool [b, k, 1, k, L],
+  q: [b, k, h, d_k] (hypothesis j of sentence r is row r*k + j); k: [b, k, h, d_k, L] (positions last)
+  and v: [b, k, h, L, d_v], the caches of the sentence's k slots; mask: bool [b, k, 1, k, L],
   True where slot s's entry at position t belongs to hypothesis j's history (mask[r, s, 0, j, t]).
   The softmax runs over (slot, position) jointly. Returns [b, k, h, d_v] in `dtype`.
   """
@@ -59,8 +61,8 @@ def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   if matmul_dtype is not None:   # round the operands as a mixed-precision matmul would
     q, k = q.astype(matmul_dtype), k.astype(matmul_dtype)
   # A multiply-and-sum rather than a batched matmul: XLA:CPU fuses it into one pass over the keys.
-  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
-                   * k[:, :, :, None].astype(jnp.float32), axis=-1)        # [b, s, h, j, L]
+  logits = jnp.sum(q[:, None, :, :, :, None].astype(jnp.float32)
+                   * k[:, :, :, None].astype(jnp.float32), axis=-2)        # [b, s, h, j, L]
   logits = jnp.where(mask, logits, _MASKED)
   logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
   weights = jnp.exp(logits)
@@ -118,8 +120,19 @@ class BeamSlotCache(HeadMajorCache):
 
   def init(self, batch_size: int, max_len: int) -> dict:
     cache = super().init(batch_size, max_len)
+    for layer in cache["layers"]:
+      layer["k"] = jnp.swapaxes(layer["k"], 2, 3)                             # [n, h, d_k, L]
     cache["slot_history"] = jnp.zeros((batch_size, max_len), jnp.int32)
     return cache
+
+  def _write(self, layer_cache, k_new, v_new, index):
+    """Keys [n, 1, h, d_k] into [n, h, d_k, L], values [n, 1, h, d_v] into [n, h, L, d_v], at `index`."""
+    k_cache, v_cache = layer_cache["k"], layer_cache["v"]
+    k = jax.lax.dynamic_update_slice_in_dim(
+        k_cache, jnp.transpose(k_new, (0, 2, 3, 1)).astype(k_cache.dtype), index, axis=3)
+    v = jax.lax.dynamic_update_slice_in_dim(
+        v_cache, jnp.swapaxes(v_new, 1, 2).astype(v_cache.dtype), index, axis=2)
+    return k, v
 
   def start_step(self, cache: dict, index, num_sentences: int):
     """Row r writes its entry at `index` into its own slot and reads earlier ones from the slots that
@@ -136,7 +149,7 @@ class BeamSlotCache(HeadMajorCache):
     del attend
     k, v = self._write(layer_cache, k_new, v_new, index)
     b, beams = context.shape[:2]
-    slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, L, d] (no copy)
+    slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, ., .] (no copy)
     heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), context,
                            self.dtype, self.matmul_dtype)                  # [b, k, h, d_v]
     return heads, {"k": k, "v": v}   # the layer projects, then reshapes to [n, 1, d_model]

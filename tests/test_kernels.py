@@ -172,8 +172,12 @@ def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded(
   ref = init_cache(cfg, 4, 10, beam_slots=True)
   assert ref["layers"][0]["k"].shape == (4, 10, 4, 8) and ref["layers"][0]["k"].dtype == jnp.float32
   assert "slot_history" not in ref
+  head_major = init_cache(cfg.replace(kernels="cpu"), 4, 10, beam_slots=False)
+  assert head_major["layers"][0]["k"].shape == head_major["layers"][0]["v"].shape == (4, 4, 10, 8)
   cpu = init_cache(cfg.replace(kernels="cpu"), 4, 10, beam_slots=True)
-  assert cpu["layers"][0]["k"].shape == (4, 4, 10, 8) and cpu["layers"][0]["k"].dtype == jnp.bfloat16
+  # Beam slots keep keys with positions last, [n, h, d_k, L]; values head-major [n, h, L, d_v].
+  assert cpu["layers"][0]["k"].shape == (4, 4, 8, 10) and cpu["layers"][0]["k"].dtype == jnp.bfloat16
+  assert cpu["layers"][0]["v"].shape == (4, 4, 10, 8)
   assert cpu["slot_history"].shape == (4, 10)
   reorder = functools.partial(reorder_cache, cfg.replace(kernels="cpu"))
   moved = reorder(dict(cpu, index=jnp.arange(4)), jnp.array([1, 1, 0, 3]))
