@@ -199,10 +199,11 @@ def versions(names=("jax", "jaxlib", "flax", "torch", "transformers", "ctranslat
 
 
 def commit_of(tree=REPO) -> str:
-  """The short commit of a checkout, with '+changes' when its tracked files differ from it."""
+  """The short commit of a checkout, with '+changes' when its tracked files (results apart) differ from it."""
   git = lambda *a: subprocess.run(["git", "-C", str(tree), *a], capture_output=True, text=True)
   head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
-  return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+  changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results").stdout
+  return head + ("+changes" if changed.strip() else "")
 
 
 def now() -> str:
