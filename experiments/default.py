@@ -1,11 +1,13 @@
 """The default experiment: a small Transformer on the embedded synthetic corpus, on CPU.
 
 Command:  python -m train            (same as: python -m train --config experiments/default.py)
-Expected: test sacreBLEU 97.94 after 1,000 steps, measured from a fresh clone on a 2-core AMD EPYC in
-          3 min 25 s wall-clock (corpus generation, vocabulary, compiles and the final test-set beam
-          search included; median 11,070 target tokens/s); the same code scored 98.15 in 5 min 18 s on a
-          2-core Intel Xeon (float32 sums round differently per CPU). With
-          --config.model.matmul_dtype=bfloat16: 98.08 in 2 min 50 s on the AMD EPYC. A probe with the same settings but a 1,600-step schedule scored
+Expected: test sacreBLEU 98.05 after 1,000 steps, measured from a fresh clone on a 2-core AMD EPYC
+          with AVX512-BF16 in 4 min 38 s wall-clock (corpus generation, vocabulary, compiles and the final
+          test-set beam search included; 2026-11-24). Before kernels/flat_matmul.py (the same day), which
+          rounds float32 sums differently in the last bit, it scored 97.94; earlier code scored 97.94 in
+          3 min 25 s on another 2-core AMD EPYC and 98.15 in 5 min 18 s on a 2-core Intel Xeon (float32 sums
+          round differently per CPU). With --config.model.matmul_dtype=bfloat16 (earlier code): 98.08 in
+          2 min 50 s on the AMD EPYC. A probe with the same settings but a 1,600-step schedule scored
           dev BLEU (300 sentences) 70.7 at step 400, 89.7 at step 600 and 97.7 at step 1,000.
 Smoke:    python -m train --config experiments/default.py:smoke --workdir /tmp/smoke  (seconds)
 
