@@ -81,14 +81,14 @@ def top_extensions(alive_logp, logp, dead, n, chunk=CHUNK):
   padded = chunks * chunk
   if padded != vocab:    # pad every row to whole chunks with -inf, which no real score ties
     logp = jnp.pad(logp, ((0, 0), (0, 0), (0, padded - vocab)), constant_values=-jnp.inf)
-  logp = logp.reshape(b, k * chunks, chunk)
-  alive = jnp.repeat(alive_logp, chunks, axis=1)[:, :, None]                  # [b, k * chunks, 1]
-  best = jnp.where(dead[:, None], NEG_INF, alive[:, :, 0] + jnp.max(logp, axis=-1))   # [b, k * chunks]
+  logp = logp.reshape(b, k, chunks, chunk)
+  best = alive_logp[:, :, None] + jnp.max(logp, axis=-1)                     # [b, k, chunks]
+  best = jnp.where(dead[:, None], NEG_INF, best.reshape(b, k * chunks))
   _, picked = jax.lax.top_k(best, n)
   picked = jnp.sort(picked, axis=-1)           # in index order, so that ties still go to the lower index
-  scores = jnp.take_along_axis(logp, picked[:, :, None], axis=1)              # [b, n, chunk]
-  scores = jnp.where(dead[:, None, None], NEG_INF,
-                     jnp.take_along_axis(alive, picked[:, :, None], axis=1) + scores)
+  scores = jnp.take_along_axis(logp.reshape(b, k * chunks, chunk), picked[:, :, None], axis=1)
+  alive = jnp.take_along_axis(alive_logp, picked // chunks, axis=1)          # [b, n]: each chunk's parent
+  scores = jnp.where(dead[:, None, None], NEG_INF, alive[:, :, None] + scores)   # [b, n, chunk]
   values, pos = jax.lax.top_k(scores.reshape(b, n * chunk), n)
   chunk_id = jnp.take_along_axis(picked, pos // chunk, axis=1)                # [b, n] in k * chunks
   parent, within = chunk_id // chunks, (chunk_id % chunks) * chunk + pos % chunk
