@@ -15,6 +15,10 @@ results up to float rounding:
   arithmetic of one step instead of copying every layer's cache at every step. Its keys are stored
   [n, h, d_k, L], positions last, so that the scores' sum over d_k adds whole rows of positions (SIMD
   lanes side by side) rather than summing across the lanes of each d_k-vector.
+
+With ffi=True (float32 only; model/ops.py sets it where kernels/cpu_attention.py's C++ kernel built),
+both caches attend through that kernel, one custom call per attention, and every key (self and cross) is
+stored positions-last, [n, h, d_k, L], which is how the kernel reads them.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernels import cpu_attention
 from kernels.mixed_matmul import einsum
 
 _MASKED = -1e9   # as model.attention: zeroes a float32 softmax entry without overflowing
@@ -34,6 +39,11 @@ def _weighted_values(spec, weights, v, dtype, matmul_dtype):
   if matmul_dtype is None:
     return jnp.einsum(spec, weights.astype(dtype), v.astype(dtype))
   return einsum(spec, weights, v, matmul_dtype).astype(dtype)
+
+
+def _scaled(q):
+  """Queries times 1/sqrt(d_k), as the XLA attention scales them."""
+  return q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
 
 
 def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
@@ -71,6 +81,16 @@ def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
 
 
+def _write_keys_last(layer_cache, k_new, v_new, index):
+  """Keys [n, 1, h, d_k] into [n, h, d_k, L], values [n, 1, h, d_v] into [n, h, L, d_v], at `index`."""
+  k_cache, v_cache = layer_cache["k"], layer_cache["v"]
+  k = jax.lax.dynamic_update_slice_in_dim(
+      k_cache, jnp.transpose(k_new, (0, 2, 3, 1)).astype(k_cache.dtype), index, axis=3)
+  v = jax.lax.dynamic_update_slice_in_dim(
+      v_cache, jnp.swapaxes(v_new, 1, 2).astype(v_cache.dtype), index, axis=2)
+  return k, v
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadMajorCache:
   """See the module docstring. matmul_dtype: None, or the operand dtype of mixed precision."""
@@ -80,10 +100,12 @@ class HeadMajorCache:
   d_v: int
   dtype: Any
   matmul_dtype: Any = None
+  ffi: bool = False   # attend through kernels/cpu_attention.py (float32, no matmul_dtype)
 
   def init(self, batch_size: int, max_len: int) -> dict:
     dtype = self.matmul_dtype or self.dtype   # only matmuls read it: stored rounded
-    layer = lambda: {"k": jnp.zeros((batch_size, self.num_heads, max_len, self.d_k), dtype),
+    keys = (self.d_k, max_len) if self.ffi else (max_len, self.d_k)           # positions last for ffi
+    layer = lambda: {"k": jnp.zeros((batch_size, self.num_heads) + keys, dtype),
                      "v": jnp.zeros((batch_size, self.num_heads, max_len, self.d_v), dtype)}
     return {"index": jnp.zeros((batch_size,), jnp.int32),
             "layers": [layer() for _ in range(self.num_layers)]}
@@ -94,9 +116,13 @@ class HeadMajorCache:
   def prepare_cross(self, keys, values):
     """[b, src_len, h, d] -> head-major [b, h, src_len, d], rounded once for mixed precision."""
     dtype = self.matmul_dtype or keys.dtype
+    if self.ffi:   # keys positions-last, [b, h, d_k, src_len]
+      return jnp.transpose(keys, (0, 2, 3, 1)).astype(dtype), jnp.swapaxes(values, 1, 2).astype(dtype)
     return jnp.swapaxes(keys, 1, 2).astype(dtype), jnp.swapaxes(values, 1, 2).astype(dtype)
 
   def _write(self, layer_cache, k_new, v_new, index):
+    if self.ffi:
+      return _write_keys_last(layer_cache, k_new, v_new, index)
     write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(
         cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), index, axis=2)
     return write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)   # [n, h, L, d]
@@ -104,11 +130,16 @@ class HeadMajorCache:
   def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
     del attend, context
     k, v = self._write(layer_cache, k_new, v_new, index)
+    if self.ffi:   # a plain cache is one slot per row
+      slot = jnp.zeros((k.shape[0], k.shape[3]), jnp.int32)
+      return cpu_attention.slot_attention(_scaled(q), k, v, slot, index), {"k": k, "v": v}
     visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]        # [1, 1, 1, L]
     return cached_attention(q, k, v, visible, self.dtype, self.matmul_dtype), {"k": k, "v": v}
 
   def attend_cross(self, attend, q, keys, values, mask):
     del attend
+    if self.ffi:
+      return cpu_attention.masked_attention(_scaled(q), keys, values, mask.reshape(mask.shape[0], -1))
     return cached_attention(q, keys, values, mask, self.dtype, self.matmul_dtype)
 
   def reorder(self, cache: dict, rows) -> dict:
@@ -120,19 +151,14 @@ class BeamSlotCache(HeadMajorCache):
 
   def init(self, batch_size: int, max_len: int) -> dict:
     cache = super().init(batch_size, max_len)
-    for layer in cache["layers"]:
-      layer["k"] = jnp.swapaxes(layer["k"], 2, 3)                             # [n, h, d_k, L]
+    if not self.ffi:   # (with ffi the head-major cache already stores its keys positions-last)
+      for layer in cache["layers"]:
+        layer["k"] = jnp.swapaxes(layer["k"], 2, 3)                           # [n, h, d_k, L]
     cache["slot_history"] = jnp.zeros((batch_size, max_len), jnp.int32)
     return cache
 
   def _write(self, layer_cache, k_new, v_new, index):
-    """Keys [n, 1, h, d_k] into [n, h, d_k, L], values [n, 1, h, d_v] into [n, h, L, d_v], at `index`."""
-    k_cache, v_cache = layer_cache["k"], layer_cache["v"]
-    k = jax.lax.dynamic_update_slice_in_dim(
-        k_cache, jnp.transpose(k_new, (0, 2, 3, 1)).astype(k_cache.dtype), index, axis=3)
-    v = jax.lax.dynamic_update_slice_in_dim(
-        v_cache, jnp.swapaxes(v_new, 1, 2).astype(v_cache.dtype), index, axis=2)
-    return k, v
+    return _write_keys_last(layer_cache, k_new, v_new, index)
 
   def start_step(self, cache: dict, index, num_sentences: int):
     """Row r writes its entry at `index` into its own slot and reads earlier ones from the slots that
@@ -142,6 +168,8 @@ class BeamSlotCache(HeadMajorCache):
     slot_history = jax.lax.dynamic_update_slice_in_dim(
         cache["slot_history"], (jnp.arange(n, dtype=jnp.int32) % beams)[:, None], index, axis=1)
     length = slot_history.shape[1]
+    if self.ffi:   # the kernel reads the history itself: [b, k, L]
+      return {"slot_history": slot_history}, slot_history.reshape(b, beams, length)
     wrote = slot_history.reshape(b, 1, 1, beams, length) == jnp.arange(beams)[None, :, None, None, None]
     return {"slot_history": slot_history}, wrote & (jnp.arange(length) <= index)
 
@@ -149,6 +177,9 @@ class BeamSlotCache(HeadMajorCache):
     del attend
     k, v = self._write(layer_cache, k_new, v_new, index)
     b, beams = context.shape[:2]
+    if self.ffi:
+      q = _scaled(q).reshape(b, beams, *q.shape[2:])
+      return cpu_attention.slot_attention(q, k, v, context.reshape(b * beams, -1), index), {"k": k, "v": v}
     slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, ., .] (no copy)
     heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), context,
                            self.dtype, self.matmul_dtype)                  # [b, k, h, d_v]

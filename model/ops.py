@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import kernels
-from kernels import decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
+from kernels import cpu_attention, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
 from model.cache import KVCache
 from model.config import TransformerConfig, as_dtype
 
@@ -79,7 +79,9 @@ def ops_for(cfg: TransformerConfig) -> Ops:
       if not cfg.is_paper_family:
         return plain_cache(beam_slots)
       kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
-      return kind(**shape, matmul_dtype=mixed)
+      # The C++ attention (one custom call per attention) where it built; float32 only.
+      ffi = mixed is None and dtype == jnp.float32 and cpu_attention.available()
+      return kind(**shape, matmul_dtype=mixed, ffi=ffi)
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout, cache=cache,
                decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),

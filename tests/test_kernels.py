@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import dropout16, flat_matmul
+from kernels import cpu_attention, dropout16, flat_matmul
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import ops_for
 
@@ -155,9 +155,12 @@ def _greedy_logits(cfg, params, src, steps, beam_slots=False, hyps=1):
 
 @pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("beam_slots", [False, True])
-def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam_slots):
+@pytest.mark.parametrize("ffi", [True, False])
+def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam_slots, ffi, monkeypatch):
   """Head-major caches stored in the matmul dtype, beam slots and the pre-transposed output layer give
-  the reference cache's logits, step after step."""
+  the reference cache's logits, step after step, with the C++ attention (float32) and without it."""
+  if not ffi:
+    monkeypatch.setattr(cpu_attention, "available", lambda: False)
   rng = np.random.default_rng(2)
   src = _ids(rng, (2, 6)).at[0, 4:].set(0)
   reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
@@ -183,3 +186,72 @@ def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded(
   moved = reorder(dict(cpu, index=jnp.arange(4)), jnp.array([1, 1, 0, 3]))
   assert moved["layers"][0]["k"] is cpu["layers"][0]["k"]      # keys and values stay put
   np.testing.assert_array_equal(moved["index"], [1, 1, 0, 3])
+
+
+def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
+  """The machine has a C++ compiler (the README's set-up), so float32 decoding runs the custom calls."""
+  assert cpu_attention.available()
+  assert cpu_attention.build().exists()
+  cfg = SMALL.replace(kernels="cpu")
+  for beam_slots in (False, True):
+    assert ops_for(cfg).cache(beam_slots).ffi
+    assert not ops_for(cfg.replace(matmul_dtype="bfloat16")).cache(beam_slots).ffi
+  cache = init_cache(cfg, 4, 10, beam_slots=True)
+  assert cache["layers"][0]["k"].shape == (4, 4, 8, 10) and cache["layers"][0]["v"].shape == (4, 4, 10, 8)
+  plain = init_cache(cfg, 4, 10, beam_slots=False)       # keys positions-last for the kernel here too
+  assert plain["layers"][0]["k"].shape == (4, 4, 8, 10) and plain["layers"][0]["v"].shape == (4, 4, 10, 8)
+
+
+def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index():
+  rng = np.random.default_rng(5)
+  b, j, h, d, dv, length = 3, 4, 2, 8, 6, 7
+  q = rng.standard_normal((b, j, h, d)).astype(np.float32)
+  k = rng.standard_normal((b * j, h, length, d)).astype(np.float32)
+  v = rng.standard_normal((b * j, h, length, dv)).astype(np.float32)
+  slot = rng.integers(0, j, (b * j, length)).astype(np.int32)
+  run = jax.jit(cpu_attention.slot_attention)
+  keys_last = np.swapaxes(k, 2, 3)                                                  # [n, h, d, L]
+  for index in (0, 3, length - 1):
+    got = np.asarray(run(q, keys_last, v, slot, index))
+    # Query a of sentence r reads position t from row r * j + slot[r * j + a, t].
+    rows = np.arange(b)[:, None, None] * j + slot.reshape(b, j, length)             # [b, j, L]
+    keys = np.moveaxis(k[rows, :, np.arange(length)], 2, 3)                          # [b, j, h, L, d]
+    values = np.moveaxis(v[rows, :, np.arange(length)], 2, 3)
+    visible = np.broadcast_to(np.arange(length) <= index, (b, j, length))
+    np.testing.assert_allclose(got, cpu_attention.reference(q, keys, values, visible), rtol=1e-5, atol=1e-5)
+  plain = run(q[:, :1], keys_last[::j], v[::j], np.zeros((b, length), np.int32), 4)   # a plain cache
+  visible = np.broadcast_to(np.arange(length) <= 4, (b, 1, length))
+  want = cpu_attention.reference(q[:, :1], k[::j][:, None], v[::j][:, None], visible)
+  np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row():
+  rng = np.random.default_rng(6)
+  b, j, h, d, src = 3, 2, 2, 8, 5
+  q = rng.standard_normal((b, j, h, d)).astype(np.float32)
+  k = rng.standard_normal((b, h, src, d)).astype(np.float32)
+  v = rng.standard_normal((b, h, src, d)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+  got = np.asarray(jax.jit(cpu_attention.masked_attention)(q, np.swapaxes(k, 2, 3), v, mask))
+  per_query = lambda x: np.broadcast_to(x[:, None], (b, j) + x.shape[1:])
+  want = cpu_attention.reference(q, per_query(k), per_query(v), per_query(mask))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[2], np.broadcast_to(v[2].mean(1), (j, h, d)), rtol=1e-5, atol=1e-6)
+  # And the XLA attention it replaces agrees (its -1e9 logits zero the masked weights).
+  from kernels.decode_cache import cached_attention
+  xla = cached_attention(q / d ** -0.5, k, v, mask[:, None, None, :])   # it scales q itself
+  np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_attention_build_failure_is_reported_and_decoding_falls_back(monkeypatch, tmp_path):
+  monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
+  with pytest.raises(RuntimeError, match="failed"):
+    cpu_attention.build(compiler="false")
+  monkeypatch.setattr(cpu_attention, "build", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+  cpu_attention.available.cache_clear()
+  try:
+    with pytest.warns(UserWarning, match="uses the XLA attention .no compiler"):
+      assert not cpu_attention.available()
+    assert not ops_for(SMALL.replace(kernels="cpu")).cache(True).ffi
+  finally:
+    cpu_attention.available.cache_clear()

@@ -1,0 +1,122 @@
+"""Decoding-step attention as one XLA FFI custom call per attention (kernels/cpu_attention.cc).
+
+    if cpu_attention.available():
+      heads = cpu_attention.slot_attention(q, k, v, slot, index)     # self-attention, beam slots or not
+      heads = cpu_attention.masked_attention(q, keys, values, mask)  # cross-attention
+
+In a decoding step XLA:CPU runs each attention as about a dozen small ops (scores, mask, max, exp, sum,
+divide, weighted sum, transposes), and at the default model's sizes the dispatch of each costs more than
+its arithmetic (docs/performance.md). The C++ kernel does the same float32 arithmetic in one call, and
+reads only the positions decoded so far. Same results as kernels/decode_cache.py's XLA attention up to
+float rounding (tests/test_kernels.py).
+
+The source is compiled once per machine with the C++ compiler (`c++`, or $CXX) and the XLA FFI headers
+that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version and
+the CPU. Without a compiler, or with AIAYN_CPU_ATTENTION=0, `available()` is False and the caches use
+the XLA attention instead (with a warning when the build failed).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
+TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention"}
+
+
+def _cache_dir() -> pathlib.Path:
+  root = os.environ.get("AIAYN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                       os.path.expanduser("~/.cache"), "aiayn")
+  return pathlib.Path(root)
+
+
+def _cpu_flags() -> str:
+  try:
+    for line in open("/proc/cpuinfo"):
+      if line.startswith("flags"):
+        return line
+  except OSError:
+    pass
+  return ""
+
+
+def build(compiler: str | None = None) -> pathlib.Path:
+  """Compiles cpu_attention.cc (once: the library is cached) and returns the shared library's path.
+  Raises RuntimeError with the compiler's message if it fails."""
+  compiler = compiler or os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+  if not compiler:
+    raise RuntimeError("no C++ compiler (c++ or g++, or $CXX) on the PATH")
+  flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
+  key = hashlib.sha256("\n".join([SOURCE.read_text(), jax.lib.__version__, _cpu_flags(), compiler, *flags])
+                       .encode()).hexdigest()[:16]
+  target = _cache_dir() / f"cpu_attention-{key}.so"
+  if target.exists():
+    return target
+  target.parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=target.parent) as tmp:   # built aside, then moved in whole
+    built = pathlib.Path(tmp) / target.name
+    command = [compiler, *flags, str(SOURCE), "-o", str(built)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+      raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    os.replace(built, target)
+  return target
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+  """Whether the custom calls are built and registered (building them on the first call)."""
+  if os.environ.get("AIAYN_CPU_ATTENTION", "1") == "0":
+    return False
+  try:
+    library = ctypes.cdll.LoadLibrary(str(build()))
+  except (RuntimeError, OSError) as error:
+    warnings.warn(f"kernels/cpu_attention.py: the C++ attention kernel is not available, decoding uses "
+                  f"the XLA attention ({error})", stacklevel=2)
+    return False
+  for name, symbol in TARGETS.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+  return True
+
+
+def slot_attention(q, k, v, slot, index):
+  """q float32 [b, j, h, d] (already scaled by 1/sqrt(d)); k [b * s, h, d, L] (positions last) and v
+  [b * s, h, L, dv] (row r * s + i: slot i of sentence r); slot int32 [b * j, L]: for query j of sentence r, the slot that
+  holds each position; index: the last position to attend to. Returns float32 [b, j, h, dv]."""
+  b, j, h, _ = q.shape
+  out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
+  return jax.ffi.ffi_call("aiayn_slot_attention", out)(
+      q.astype(jnp.float32), k, v, slot.astype(jnp.int32), jnp.asarray(index, jnp.int32))
+
+
+def masked_attention(q, k, v, mask):
+  """q float32 [b, j, h, d] (already scaled); k [b, h, d, S] (positions last), v [b, h, S, dv]; mask
+  bool [b, S].
+  Returns float32 [b, j, h, dv]: the j queries of each sentence against its unmasked positions."""
+  b, j, h, _ = q.shape
+  out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
+  return jax.ffi.ffi_call("aiayn_masked_attention", out)(q.astype(jnp.float32), k, v, mask.astype(bool))
+
+
+def reference(q, k, v, visible):
+  """The same arithmetic in numpy (float64), for tests: q [b, j, h, d]; k, v [b, j, h, T, d] per query;
+  visible bool [b, j, T]. Rows with nothing visible average every value."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  scores = np.einsum("bjhd,bjhtd->bjht", q, k)
+  scores = np.where(visible[:, :, None], scores, -np.inf)
+  none = ~visible.any(-1)[:, :, None, None]
+  scores = np.where(none, 0.0, scores)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("bjht,bjhtd->bjhd", weights, v)
