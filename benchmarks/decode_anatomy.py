@@ -113,7 +113,9 @@ def main(argv=None):
   times["two_at_once"] = at_once
   what = {n: w for n, w, _, _ in variants}
   what["two_at_once"] = f"one_core's run in {cores} processes at the same moment, one per CPU (mean of the two)"
-  result["variants"] = {n: dict(what=what[n], **harness.summary(times[n])) for n in times}
+  info = {w.name: w.info for w in workers}
+  info["two_at_once"] = [w.info for w in pair]
+  result["variants"] = {n: dict(what=what[n], info=info[n], **harness.summary(times[n])) for n in times}
   med = {n: v["median_s"] for n, v in result["variants"].items()}
   steps = args.decode_len
   result["derived"] = {

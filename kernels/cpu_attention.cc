@@ -189,7 +189,12 @@ ffi::Error SlotAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
         if (s == 0) continue;
         for (int64_t a = 0; a < j; ++a) {
           const int32_t* history = sp + (r * j + a) * length;
-          for (int64_t t = 0; t < count; ++t) scores[a][t] = history[t] == s ? partial[a][t] : scores[a][t];
+          float* kept = scores[a];
+          const float* fresh = partial[a];
+          for (int64_t t = 0; t < count; ++t) {   // both read unconditionally: a vector blend
+            const float x = fresh[t], y = kept[t];
+            kept[t] = history[t] == s ? x : y;
+          }
         }
       }
       for (int64_t a = 0; a < j; ++a) {

@@ -136,6 +136,25 @@ def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(
     throughput.main(TINY + ["--baseline", str(tmp_path / "nothing"), "--out", str(out)])
 
 
+@pytest.mark.slow
+def test_decode_anatomy_times_every_variant_in_its_own_process_and_the_pair_at_once(tmp_path):
+  from benchmarks import decode_anatomy
+  out = tmp_path / "anatomy.json"
+  result = decode_anatomy.main(["--repeats", "2", "--warmup", "1", "--decode_len", "6", "--out", str(out)])
+  assert json.loads(out.read_text()) == result
+  variants = result["variants"]
+  assert set(variants) == {"full", "no_self", "no_cross", "output_eighth", "one_core", "two_at_once"}
+  assert all(v["runs"] == 2 and v["median_s"] > 0 for v in variants.values())
+  assert [variants[n]["info"]["ablate"] for n in ("full", "no_self", "no_cross", "output_eighth")] == [
+      None, "self", "cross", "output"]
+  half = 16 // (os.cpu_count() or 1)
+  assert variants["one_core"]["info"]["cpus"] == [0] and variants["one_core"]["info"]["rows"] == half
+  assert [i["cpus"] for i in variants["two_at_once"]["info"]] == [[0], [1]]
+  assert [variants[n]["info"]["beam"]["devices"] for n in ("full", "one_core")] == [os.cpu_count(), 1]
+  assert 0 < result["derived"]["two_at_once_over_one_core"] and "shares of the full step" in decode_anatomy.render(
+      result, 6)
+
+
 def test_performance_page_is_generated_from_the_results():
   page = pathlib.Path(report.PAGE)
   assert page.read_text() == report.render_page(), (
