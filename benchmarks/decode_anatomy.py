@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import harness, throughput
+from benchmarks import harness, report, throughput
 
 PARTS = "benchmarks.systems.ours_parts"
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -68,6 +68,7 @@ def main(argv=None):
     raise SystemExit(f"needs at least 2 cores and --decode_batch a multiple of them (have {cores} cores)")
   model = throughput.model_fields(sizes)
   result = {"benchmark": "decode_anatomy", "date": harness.now(), "note": args.note, "task": args.task,
+            "steps": args.decode_len,
             "command": " ".join(["python", "-m", "benchmarks.decode_anatomy"] + (sys.argv[1:] if argv is None
                                                                                   else list(argv))),
             "machine": harness.machine(), "versions": harness.versions(), "commit": harness.commit_of(),
@@ -117,7 +118,6 @@ def main(argv=None):
   info["two_at_once"] = [w.info for w in pair]
   result["variants"] = {n: dict(what=what[n], info=info[n], **harness.summary(times[n])) for n in times}
   med = {n: v["median_s"] for n, v in result["variants"].items()}
-  steps = args.decode_len
   result["derived"] = {
       "self_attention_share": 1 - med["no_self"] / med["full"],
       "cross_attention_share": 1 - med["no_cross"] / med["full"],
@@ -128,25 +128,9 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=2) + "\n")
-  print(render(result, steps))
+  print(report.render_anatomy(result))
   print(f"wrote {out}")
   return result
-
-
-def render(result: dict, steps: int) -> str:
-  lines = [f"Decoding anatomy, {result['task']}, {result['date']} ({result['commit']}); medians of "
-           f"{next(iter(result['variants'].values()))['runs']} rounds, in ms per batch and per step:", "",
-           "| variant | what | ms per batch | spread | ms per step |", "|---|---|---|---|---|"]
-  for name, v in result["variants"].items():
-    lines.append(f"| {name} | {v['what']} | {v['median_s'] * 1e3:.1f} | {v['min_s'] * 1e3:.1f}-"
-                 f"{v['max_s'] * 1e3:.1f} | {v['median_s'] * 1e3 / steps:.2f} |")
-  d = result["derived"]
-  lines += ["", f"- shares of the full step: self-attention {d['self_attention_share']:.0%}, cross-attention "
-            f"{d['cross_attention_share']:.0%}, output layer {d['output_layer_share']:.0%} (from an eighth, "
-            "scaled linearly)",
-            f"- two processes at once over one core alone: {d['two_at_once_over_one_core']:.2f}x the time; "
-            f"full over one core alone: {d['full_over_one_core']:.2f}x"]
-  return "\n".join(lines)
 
 
 if __name__ == "__main__":

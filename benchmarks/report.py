@@ -172,6 +172,27 @@ def render_kv_cache(r: dict) -> str:
                     _table(["attention", "kv heads", "cache MiB", "tokens/s", "spread", "vs MHA"], body), ""])
 
 
+def render_anatomy(result: dict) -> str:
+  """Markdown for benchmarks/results/decode_anatomy.json: a decoding step's parts and two cores at once."""
+  steps = result["steps"]
+  lines = [f"## Decoding anatomy ({result['task']}, default model): {result['date']}", "",
+           *([f"> {result['note']}", ""] if result.get("note") else []),
+           f"Code `{result['commit']}`; medians of {next(iter(result['variants'].values()))['runs']} "
+           f"round-robin rounds, each variant in its own process, ms per batch of {steps} steps.", "",
+           f"- Command: `{result['command']}`", "",
+           "| variant | what | ms per batch | spread | ms per step |", "|---|---|---|---|---|"]
+  for name, v in result["variants"].items():
+    lines.append(f"| {name} | {v['what']} | {v['median_s'] * 1e3:.1f} | {v['min_s'] * 1e3:.1f}-"
+                 f"{v['max_s'] * 1e3:.1f} | {v['median_s'] * 1e3 / steps:.2f} |")
+  d = result["derived"]
+  lines += ["", f"- shares of the full step: self-attention {d['self_attention_share']:.0%}, cross-attention "
+            f"{d['cross_attention_share']:.0%}, output layer {d['output_layer_share']:.0%} (from an eighth, "
+            "scaled linearly)",
+            f"- two processes at once over one core alone: {d['two_at_once_over_one_core']:.2f}x the time; "
+            f"full over one core alone: {d['full_over_one_core']:.2f}x"]
+  return "\n".join(lines)
+
+
 def render_page(results_dir=RESULTS, notes_dir=NOTES) -> str:
   notes = sorted(pathlib.Path(notes_dir).glob("*.md"))
   intro = [n for n in notes if n.name == "intro.md"]
@@ -185,6 +206,8 @@ def render_page(results_dir=RESULTS, notes_dir=NOTES) -> str:
       sections.append(render_run(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
     elif "ratio_after_over_before" in result:
       sections.append(render_trees(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
+    elif result.get("benchmark") == "decode_anatomy":
+      sections.append(render_anatomy(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
     elif path.stem.startswith("kv_cache"):
       sections.append(render_kv_cache(result) + f"\nSource: `benchmarks/results/{path.name}`.\n")
     elif "stages" in result:
