@@ -124,13 +124,7 @@ def main(argv=None):
       "output_layer_share": (1 - med["output_eighth"] / med["full"]) * 8 / 7,   # the whole layer's, linearly
       "two_at_once_over_one_core": med["two_at_once"] / med["one_core"],
       "full_over_one_core": med["full"] / med["one_core"]}
-  result["load_average"]["end"] = os.getloadavg()[0]
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2) + "\n")
-  print(report.render_anatomy(result))
-  print(f"wrote {out}")
-  return result
+  return harness.finish(result, args.out, report.render_anatomy)
 
 
 if __name__ == "__main__":

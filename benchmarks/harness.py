@@ -206,5 +206,17 @@ def commit_of(tree=REPO) -> str:
   return head + ("+changes" if changed.strip() else "")
 
 
+def finish(result: dict, out, render) -> dict:
+  """Ends a benchmark: the load average at the end, the results JSON written to `out`, and the page
+  section `render(result)` printed. Returns the result."""
+  result["load_average"]["end"] = os.getloadavg()[0]
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=2) + "\n")
+  print(render(result))
+  print(f"wrote {out}")
+  return result
+
+
 def now() -> str:
   return datetime.datetime.now().astimezone().isoformat(timespec="seconds")

@@ -273,13 +273,7 @@ def main(argv=None):
             "systems": rows(times.get(task, {}), workers, names, lambda s: {"tokens_per_s": tokens / s}),
             "ratios": ratios(times.get(task, {}), DECODE_PAIRS)}
 
-  result["load_average"]["end"] = os.getloadavg()[0]
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2) + "\n")
-  print(report.render_run(result))
-  print(f"wrote {out}")
-  return result
+  return harness.finish(result, args.out, report.render_run)
 
 
 if __name__ == "__main__":
