@@ -17,7 +17,6 @@ Writes benchmarks/results/decode_anatomy.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
@@ -49,15 +48,10 @@ def parse_args(argv=None):
 
 
 def pair_round(pair, task: str, timeout: float = 900.0) -> list[float]:
-  """Runs `task` on both workers at the same moment; returns both times."""
+  """Runs `task` on every worker of `pair` at the same moment; returns their times."""
   for w in pair:
-    w.process.stdin.write(json.dumps({"run": task}) + "\n")
-    w.process.stdin.flush()
-  answers = [w._receive(timeout) for w in pair]
-  for w, a in zip(pair, answers):
-    if "seconds" not in a:
-      raise harness.WorkerError(f"{w.name}: {a.get('failed', a)}")
-  return [a["seconds"] for a in answers]
+    w.send(task)
+  return [w.seconds(timeout) for w in pair]
 
 
 def main(argv=None):
@@ -99,21 +93,19 @@ def main(argv=None):
       for w in pair:
         for _ in range(args.warmup):
           pair_round([w], args.task)
-      times = harness.round_robin(workers, args.task, warmup=args.warmup, repeats=1, pause=args.pause)
+      times = harness.round_robin(workers, args.task, warmup=args.warmup, repeats=0, pause=args.pause)
       at_once = []
-      for r in range(args.repeats - 1):   # the pair takes its turn in every round
+      for _ in range(args.repeats):   # each round: the pair at once, then every variant in turn
         time.sleep(args.pause)
         at_once.append(statistics.mean(pair_round(pair, args.task)))
         more = harness.round_robin(workers, args.task, warmup=0, repeats=1, pause=args.pause)
         for name, seconds in more.items():
           times[name] += seconds
-      time.sleep(args.pause)
-      at_once.append(statistics.mean(pair_round(pair, args.task)))
     finally:
       harness.close(workers + pair)
   times["two_at_once"] = at_once
   what = {n: w for n, w, _, _ in variants}
-  what["two_at_once"] = f"one_core's run in {cores} processes at the same moment, one per CPU (mean of the two)"
+  what["two_at_once"] = "one_core's run in 2 processes at the same moment, on CPUs 0 and 1 (mean of the two)"
   info = {w.name: w.info for w in workers}
   info["two_at_once"] = [w.info for w in pair]
   result["variants"] = {n: dict(what=what[n], info=info[n], **harness.summary(times[n])) for n in times}

@@ -73,11 +73,19 @@ class Worker:
 
   def run(self, task: str, timeout: float) -> float:
     """Runs `task` once; returns its seconds as the worker measured them."""
+    self.send(task)
+    return self.seconds(timeout)
+
+  def send(self, task: str) -> None:
+    """Starts `task` without waiting for it (several workers can run at once); then `seconds`."""
     try:
       self.process.stdin.write(json.dumps({"run": task}) + "\n")
       self.process.stdin.flush()
     except (BrokenPipeError, OSError):
       raise WorkerError(f"{self.name} exited ({self._log_tail()})") from None
+
+  def seconds(self, timeout: float) -> float:
+    """Waits for the run that `send` started; returns its seconds as the worker measured them."""
     message = self._receive(timeout)
     if "seconds" not in message:
       raise WorkerError(message.get("failed", str(message)))

@@ -4,8 +4,8 @@
 //
 //   aiayn_slot_attention(q [b, j, h, d], k [b*s, h, d, L], v [b*s, h, L, dv], slot int32 [b*j, L],
 //                        index int32 []) -> [b, j, h, dv]
-//     Query j of sentence r attends to the positions t <= index of its history, reading position t
-//     from row r*s + slot[r*j + j, t] of the cache (beam slots; s = 1 and slot 0: a plain cache).
+//     Query a of sentence r attends to the positions t <= index of its history, reading position t
+//     from row r*s + slot[r*j + a, t] of the cache (beam slots; s = 1 and slot 0: a plain cache).
 //   aiayn_masked_attention(q [b, j, h, d], k [b, h, d, S], v [b, h, S, dv], mask pred [b, S])
 //     -> [b, j, h, dv]
 //     The j queries of sentence r attend to the source positions where mask[r] is true.

@@ -11,8 +11,8 @@ reads only the positions decoded so far. Same results as kernels/decode_cache.py
 float rounding (tests/test_kernels.py).
 
 The source is compiled once per machine with the C++ compiler (`c++`, or $CXX) and the XLA FFI headers
-that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version and
-the CPU. Without a compiler, or with AIAYN_CPU_ATTENTION=0, `available()` is False and the caches use
+that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version, the
+CPU's flags and the compiler command. Without a compiler, or with AIAYN_CPU_ATTENTION=0, `available()` is False and the caches use
 the XLA attention instead (with a warning when the build failed).
 """
 from __future__ import annotations
@@ -29,7 +29,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention"}
@@ -91,9 +90,10 @@ def available() -> bool:
 
 
 def slot_attention(q, k, v, slot, index):
-  """q float32 [b, j, h, d] (already scaled by 1/sqrt(d)); k [b * s, h, d, L] (positions last) and v
-  [b * s, h, L, dv] (row r * s + i: slot i of sentence r); slot int32 [b * j, L]: for query j of sentence r, the slot that
-  holds each position; index: the last position to attend to. Returns float32 [b, j, h, dv]."""
+  """q float32 [b, j, h, d] (already scaled by 1/sqrt(d)); k [b * s, h, d, L] (positions last) and
+  v [b * s, h, L, dv] (row r * s + i: slot i of sentence r); slot int32 [b * j, L]: for query j of
+  sentence r, the slot that holds each position; index: the last position to attend to.
+  Returns float32 [b, j, h, dv]."""
   b, j, h, _ = q.shape
   out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
   return jax.ffi.ffi_call("aiayn_slot_attention", out)(
@@ -102,21 +102,9 @@ def slot_attention(q, k, v, slot, index):
 
 def masked_attention(q, k, v, mask):
   """q float32 [b, j, h, d] (already scaled); k [b, h, d, S] (positions last), v [b, h, S, dv]; mask
-  bool [b, S].
-  Returns float32 [b, j, h, dv]: the j queries of each sentence against its unmasked positions."""
+  bool [b, S]. Returns float32 [b, j, h, dv]: the j queries of each sentence against its unmasked
+  positions."""
   b, j, h, _ = q.shape
   out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
   return jax.ffi.ffi_call("aiayn_masked_attention", out)(q.astype(jnp.float32), k, v, mask.astype(bool))
 
-
-def reference(q, k, v, visible):
-  """The same arithmetic in numpy (float64), for tests: q [b, j, h, d]; k, v [b, j, h, T, d] per query;
-  visible bool [b, j, T]. Rows with nothing visible average every value."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  scores = np.einsum("bjhd,bjhtd->bjht", q, k)
-  scores = np.where(visible[:, :, None], scores, -np.inf)
-  none = ~visible.any(-1)[:, :, None, None]
-  scores = np.where(none, 0.0, scores)
-  weights = np.exp(scores - scores.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
-  return np.einsum("bjht,bjhtd->bjhd", weights, v)

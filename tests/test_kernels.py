@@ -188,6 +188,19 @@ def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded(
   np.testing.assert_array_equal(moved["index"], [1, 1, 0, 3])
 
 
+def _attention_reference(q, k, v, visible):
+  """cpu_attention's arithmetic in numpy (float64): q [b, j, h, d]; k, v [b, j, h, T, d] per query;
+  visible bool [b, j, T]. Rows with nothing visible average every value."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  scores = np.einsum("bjhd,bjhtd->bjht", q, k)
+  scores = np.where(visible[:, :, None], scores, -np.inf)
+  none = ~visible.any(-1)[:, :, None, None]
+  scores = np.where(none, 0.0, scores)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("bjht,bjhtd->bjhd", weights, v)
+
+
 def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
   """The machine has a C++ compiler (the README's set-up), so float32 decoding runs the custom calls."""
   assert cpu_attention.available()
@@ -218,10 +231,10 @@ def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index():
     keys = np.moveaxis(k[rows, :, np.arange(length)], 2, 3)                          # [b, j, h, L, d]
     values = np.moveaxis(v[rows, :, np.arange(length)], 2, 3)
     visible = np.broadcast_to(np.arange(length) <= index, (b, j, length))
-    np.testing.assert_allclose(got, cpu_attention.reference(q, keys, values, visible), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, _attention_reference(q, keys, values, visible), rtol=1e-5, atol=1e-5)
   plain = run(q[:, :1], keys_last[::j], v[::j], np.zeros((b, length), np.int32), 4)   # a plain cache
   visible = np.broadcast_to(np.arange(length) <= 4, (b, 1, length))
-  want = cpu_attention.reference(q[:, :1], k[::j][:, None], v[::j][:, None], visible)
+  want = _attention_reference(q[:, :1], k[::j][:, None], v[::j][:, None], visible)
   np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
 
 
@@ -234,7 +247,7 @@ def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row()
   mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
   got = np.asarray(jax.jit(cpu_attention.masked_attention)(q, np.swapaxes(k, 2, 3), v, mask))
   per_query = lambda x: np.broadcast_to(x[:, None], (b, j) + x.shape[1:])
-  want = cpu_attention.reference(q, per_query(k), per_query(v), per_query(mask))
+  want = _attention_reference(q, per_query(k), per_query(v), per_query(mask))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got[2], np.broadcast_to(v[2].mean(1), (j, h, d)), rtol=1e-5, atol=1e-6)
   # And the XLA attention it replaces agrees (its -1e9 logits zero the masked weights).
