@@ -16,8 +16,6 @@ barriers and layouts would block fusion, so "auto" picks the reference there.
 """
 from __future__ import annotations
 
-import jax
-
 CHOICES = ("auto", "reference", "cpu")
 
 
@@ -26,5 +24,6 @@ def resolve(kernels: str) -> str:
   if kernels not in CHOICES:
     raise ValueError(f"kernels={kernels!r} is not one of {list(CHOICES)}")
   if kernels == "auto":
+    import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
     return "cpu" if jax.default_backend() == "cpu" else "reference"
   return kernels

@@ -28,12 +28,16 @@ def _kept(ndim, contract, batch):
 
 
 def _laid_out(x, order):
-  """x with its axes in `order`. A real transpose is materialised behind an optimization barrier:
-  XLA would otherwise fold it back into the dot, and a bfloat16 dot whose operands are not row-major
-  leaves the fast matmul (YNNPACK) for a generic kernel that cannot multiply bfloat16 into float32."""
+  """x with its axes in `order`, as a row-major copy. A bfloat16 dot with an operand that is not
+  row-major leaves XLA:CPU's fast matmul (YNNPACK): XLA converts both operands to float32 and multiplies
+  at float32 speed. A bare transpose would not do: XLA folds it into the dot, and even behind an
+  optimization barrier JAX's transpose comes with a column-major layout that makes it free, which the
+  barrier hands on to the dot. A reshape reads its operand row-major, so the unit axis added here (inside
+  the barrier) forces the transposed copy. tests/test_precision.py checks that every dot stays bfloat16."""
   if list(order) == list(range(x.ndim)):
     return x
-  return lax.optimization_barrier(jnp.transpose(x, order))
+  t = jnp.transpose(x, order)
+  return lax.reshape(lax.optimization_barrier(lax.reshape(t, t.shape + (1,))), t.shape)
 
 
 def _matmul(lhs, rhs, dimension_numbers):
@@ -148,4 +152,6 @@ def einsum(spec: str, a, b, dtype=None):
   """jnp.einsum of two operands returning float32; with `dtype` set, through mixed_dot_general."""
   if dtype is None or jnp.dtype(dtype) == jnp.float32:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  return jnp.einsum(spec, a, b, _dot_general=functools.partial(mixed_dot_general, dtype=dtype))
+  # preferred_element_type: jnp.einsum would otherwise round the float32 result to the operands' dtype.
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32,
+                    _dot_general=functools.partial(mixed_dot_general, dtype=dtype))

@@ -1,4 +1,6 @@
 """Mixed-precision matmuls (kernels/mixed_matmul.py against the rounded reference) and the model that uses them."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,3 +126,38 @@ def test_config_rejects_an_unknown_or_pointless_matmul_dtype():
   with pytest.raises(ValueError, match="matmul_dtype='float32' with dtype='bfloat16'"):
     SMALL.replace(dtype="bfloat16", matmul_dtype="float32")
   assert ops_for(SMALL.replace(dtype="bfloat16", matmul_dtype="bfloat16")).matmul_dtype is None
+
+
+def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
+  """The element types of every dot's two operands in an optimized HLO module's text."""
+  types, found = {}, []
+  for line in hlo.splitlines():
+    define = re.match(r"\s*(?:ROOT )?%(\S+) = (\w+)\[", line)
+    if define:
+      types[define.group(1)] = define.group(2)
+    call = re.search(r" dot\(%(\S+?), %(\S+?)\)", line)
+    if call:
+      found.append((types[call.group(1)], types[call.group(2)]))
+  return found
+
+
+def _scaled(case, k: int):
+  """case with every axis but the batch axes k times longer (XLA:CPU runs tiny bfloat16 dots in float32)."""
+  lhs_shape, rhs_shape, dims = case
+  (lc, rc), (lb, rb) = dims
+  lhs_shape = tuple(n if i in lb else n * k for i, n in enumerate(lhs_shape))
+  rhs_shape = tuple(n if i in rb else n * k for i, n in enumerate(rhs_shape))
+  return lhs_shape, rhs_shape, dims
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_bfloat16_matmuls_stay_bfloat16_on_the_cpu(case):
+  """XLA:CPU runs a bfloat16 dot with an operand that is not row-major as a float32 dot (both operands
+  converted up, at half the speed): mixed_matmul lays every operand out row-major, forward and backward."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the layouts are XLA:CPU's")
+  lhs, rhs, dims, weights = _operands(_scaled(case, 8))
+  dot = lambda a, b, d: precision.mixed_dot_general(a, b, d, dtype=jnp.bfloat16)
+  f = jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(weights * dot(a, b, dims)), argnums=(0, 1)))
+  found = _dot_operand_types(f.lower(lhs, rhs).compile().as_text())
+  assert len(found) == 3 and all(t == ("bf16", "bf16") for t in found), found

@@ -18,6 +18,11 @@ each process joins the job by itself; by hand, give every process the same --coo
 """
 from __future__ import annotations
 
+from kernels import host_memory
+
+if __name__ == "__main__":   # first: before JAX starts a thread (kernels/host_memory.py)
+  host_memory.keep_freed_memory()
+
 import argparse
 import os
 import pathlib

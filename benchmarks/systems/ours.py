@@ -10,6 +10,16 @@ per core for decoding (as `python -m decode` runs; the sentences are split over 
 """
 from __future__ import annotations
 
+import json
+import sys
+
+from kernels import host_memory
+
+# A training worker sets malloc up as `python -m train` does, first: before JAX starts a thread
+# (kernels/host_memory.py). A decoding worker leaves it, as `python -m decode` does.
+if __name__ == "__main__" and "train" in json.loads(sys.argv[1])["tasks"]:
+  host_memory.keep_freed_memory()
+
 import pathlib
 import time
 
