@@ -10,6 +10,12 @@ TransformerConfig.kernels chooses them:
                  search never copies
   output_layer   the pre-softmax weights transposed once per batch for decoding
   fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
+  cpu_attention  the decoding step's attention as C++ custom calls (compiled on first use)
+
+One module is not a layer's piece but a setting of the process, called by `python -m train` before it
+imports JAX:
+
+  host_memory    glibc's malloc set to keep the buffers XLA:CPU frees after each step
 
 Every one was measured faster on XLA:CPU only (docs/model.md); on GPU and TPU their optimization
 barriers and layouts would block fusion, so "auto" picks the reference there.
