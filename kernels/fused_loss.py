@@ -86,7 +86,9 @@ def _fused_forward(y, table, targets, weights, target, chunk_tokens, matmul_dtyp
 
   dtable_t, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape[::-1], jnp.float32),
                                       (split(y3), split(t3), split(w3)))
-  dtable = dtable_t.T
+  # The barrier keeps XLA from folding this transpose into the table gradient's dot when the scan has one
+  # chunk: XLA:CPU has no kernel for the bfloat16 dot that would make (tests/test_train_step.py).
+  dtable = jax.lax.optimization_barrier(dtable_t).T
   sums = tuple(jnp.sum(s) for s in sums)
   dy = jnp.moveaxis(dy, 0, 1).reshape(rows, chunks * per_chunk, d)[:, :length]
   return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype))
