@@ -47,10 +47,19 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-constexpr int64_t kLanes = 16;   // floats per block: one vector register's worth
+// Floats per block: one vector register's worth on the CPU this is compiled for (-march=native). A
+// vector wider than the CPU's registers is not split into registers by GCC but passed through memory
+// (with AVX2 only, 16 floats made the kernels run 3-10x slower).
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+#elif defined(__AVX__)
+constexpr int64_t kLanes = 8;
+#else
+constexpr int64_t kLanes = 4;   // SSE, NEON
+#endif
 
-// kLanes floats as one value (GCC/Clang vector extensions: one AVX-512 register, or two AVX ones, ...),
-// so that accumulators stay in registers across loops.
+// kLanes floats as one value (GCC/Clang vector extensions), so that accumulators stay in registers
+// across loops.
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
 inline Vec load(const float* p) {

@@ -34,6 +34,9 @@ SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention"}
 
 
+FLAGS = ["-O3", "-std=c++17"]   # with -march=native: the vector width is this machine's (cpu_attention.cc)
+
+
 def _cache_dir() -> pathlib.Path:
   root = os.environ.get("AIAYN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                        os.path.expanduser("~/.cache"), "aiayn")
@@ -56,7 +59,7 @@ def build(compiler: str | None = None) -> pathlib.Path:
   compiler = compiler or os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
   if not compiler:
     raise RuntimeError("no C++ compiler (c++ or g++, or $CXX) on the PATH")
-  flags = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
+  flags = [*FLAGS, "-march=native", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
   key = hashlib.sha256("\n".join([SOURCE.read_text(), jax.lib.__version__, _cpu_flags(), compiler, *flags])
                        .encode()).hexdigest()[:16]
   target = _cache_dir() / f"cpu_attention-{key}.so"

@@ -215,16 +215,34 @@ def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
   assert plain["layers"][0]["k"].shape == (4, 4, 8, 10) and plain["layers"][0]["v"].shape == (4, 4, 10, 8)
 
 
-def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index():
+def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
+  """The kernel's vector type must be as wide as the target's registers: wider, GCC passes it through
+  memory (the -Wpsabi warning), which made decoding on an AVX2-only host 2x slower. Compiled for each
+  x86-64 level, with that warning an error."""
+  import platform
+  import shutil
+  import subprocess
+  if platform.machine() not in ("x86_64", "AMD64"):
+    pytest.skip(f"x86-64 levels only (this machine: {platform.machine()})")
+  compiler = shutil.which("c++") or shutil.which("g++")
+  for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4"):   # SSE4.2, AVX2, AVX-512
+    command = [compiler, *cpu_attention.FLAGS, f"-march={level}", "-fPIC", "-Werror=psabi",
+               f"-I{jax.ffi.include_dir()}", "-c", str(cpu_attention.SOURCE), "-o", str(tmp_path / "k.o")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, f"{level}: {done.stderr[-1500:]}"
+
+
+@pytest.mark.parametrize("d, dv, length", [(8, 6, 7), (32, 32, 41)])   # below a vector; blocks and rests
+def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index(d, dv, length):
   rng = np.random.default_rng(5)
-  b, j, h, d, dv, length = 3, 4, 2, 8, 6, 7
+  b, j, h = 3, 4, 2
   q = rng.standard_normal((b, j, h, d)).astype(np.float32)
   k = rng.standard_normal((b * j, h, length, d)).astype(np.float32)
   v = rng.standard_normal((b * j, h, length, dv)).astype(np.float32)
   slot = rng.integers(0, j, (b * j, length)).astype(np.int32)
   run = jax.jit(cpu_attention.slot_attention)
   keys_last = np.swapaxes(k, 2, 3)                                                  # [n, h, d, L]
-  for index in (0, 3, length - 1):
+  for index in (0, 3, length // 2, length - 1):
     got = np.asarray(run(q, keys_last, v, slot, index))
     # Query a of sentence r reads position t from row r * j + slot[r * j + a, t].
     rows = np.arange(b)[:, None, None] * j + slot.reshape(b, j, length)             # [b, j, L]
@@ -238,13 +256,15 @@ def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index():
   np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
 
 
-def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row():
+@pytest.mark.parametrize("d, src", [(8, 5), (32, 37)])   # below a vector; blocks and rests
+def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row(d, src):
   rng = np.random.default_rng(6)
-  b, j, h, d, src = 3, 2, 2, 8, 5
+  b, j, h = 3, 2, 2
   q = rng.standard_normal((b, j, h, d)).astype(np.float32)
   k = rng.standard_normal((b, h, src, d)).astype(np.float32)
   v = rng.standard_normal((b, h, src, d)).astype(np.float32)
-  mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+  mask = np.zeros((b, src), bool)
+  mask[0, :3] = mask[1] = True                    # a partly masked row, a whole one, an empty one
   got = np.asarray(jax.jit(cpu_attention.masked_attention)(q, np.swapaxes(k, 2, 3), v, mask))
   per_query = lambda x: np.broadcast_to(x[:, None], (b, j) + x.shape[1:])
   want = _attention_reference(q, per_query(k), per_query(v), per_query(mask))
