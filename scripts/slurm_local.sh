@@ -9,6 +9,9 @@
 # run fit at once; slurmd accepts it because of SlurmdParameters=config_overrides).
 # SLURM 22.05 (Debian 12): ProctrackType=proctrack/linuxproc and TaskPlugin=task/none need no cgroup.conf;
 # 22.05 rejects CgroupPlugin=disabled, so there is none. Jobs run as root (SlurmUser=root).
+# A requeued job waits cred_expire seconds before it may start again (120 by default) and then for the
+# next scheduling pass (sched_interval, 60 by default): 15 and 2 here, so that a preempted job resumes
+# within seconds, not minutes. cred_expire is also how long a job step's credential lasts, ample on one node.
 set -euo pipefail
 
 cpus="${AIAYN_SLURM_CPUS:-8}"
@@ -50,6 +53,7 @@ ClusterName=aiayn
 SlurmctldHost=$host
 SlurmUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=15
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SwitchType=switch/none
@@ -57,6 +61,7 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 StateSaveLocation=/var/spool/slurmctld
