@@ -4,7 +4,8 @@ Command:  python -m train            (same as: python -m train --config experime
 Expected: test sacreBLEU 98.05 after 1,000 steps, measured from a fresh clone on a 2-core AMD EPYC
           with AVX512-BF16 in 4 min 38 s wall-clock (corpus generation, vocabulary, compiles and the final
           test-set beam search included; 2026-11-24), and again 98.05 in 3 min 9 s on a faster host of
-          the same kind with kernels/cpu_attention.py decoding (2026-11-25). Before kernels/flat_matmul.py (the same day), which
+          the same kind with kernels/cpu_attention.py decoding (2026-11-25), and 98.05 in 4 min 8 s on a
+          slower one (float32 matmul peak 181-189 GFLOP/s; 2026-11-25, code 85e7441). Before kernels/flat_matmul.py (the same day), which
           rounds float32 sums differently in the last bit, it scored 97.94; earlier code scored 97.94 in
           3 min 25 s on another 2-core AMD EPYC and 98.15 in 5 min 18 s on a 2-core Intel Xeon (float32 sums
           round differently per CPU). With --config.model.matmul_dtype=bfloat16 (earlier code): 98.08 in

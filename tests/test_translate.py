@@ -88,18 +88,25 @@ def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_par
   limits = np.array([len(s) + 5 for s in ids], np.int32)
   search = translate_lib.search_fn(model.cfg, 3, 0.6, 0, padded + 5)
   seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), jax.random.key(0)))
+  # Every hypothesis through the full model at once, padded at the end (the decoder is causal, so the
+  # padding changes no earlier position), with its source as the search saw it.
+  hyps = []
   for r in range(4):
     for j in range(3):
       tokens = list(seqs[r, j])
       assert vocab.eos_id in tokens
       tokens = tokens[:tokens.index(vocab.eos_id) + 1]
       assert len(tokens) <= limits[r]
-      tgt_in = jnp.asarray([[vocab.bos_id] + tokens[:-1]])
-      logits = model.apply({"params": params}, jnp.asarray([ids[r]]), tgt_in)
-      logp = jax.nn.log_softmax(logits[0], axis=-1)
-      total = float(sum(logp[t, tok] for t, tok in enumerate(tokens)))
-      np.testing.assert_allclose(scores[r, j], total / float(length_penalty(len(tokens), 0.6)),
-                                 rtol=2e-4, atol=2e-4)
+      hyps.append((r, j, tokens))
+  tgt_in = np.zeros((len(hyps), padded + 5), np.int32)
+  for row, (_, _, tokens) in enumerate(hyps):
+    tgt_in[row, :len(tokens)] = [vocab.bos_id] + tokens[:-1]
+  logits = model.apply({"params": params}, jnp.asarray(src[[r for r, _, _ in hyps]]), jnp.asarray(tgt_in))
+  logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+  for row, (r, j, tokens) in enumerate(hyps):
+    total = float(sum(logp[row, t, tok] for t, tok in enumerate(tokens)))
+    np.testing.assert_allclose(scores[r, j], total / float(length_penalty(len(tokens), 0.6)),
+                               rtol=2e-4, atol=2e-4)
 
 
 def test_buckets_and_rows_keep_the_number_of_shapes_small():
