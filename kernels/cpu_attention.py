@@ -53,10 +53,15 @@ def _cpu_flags() -> str:
   return ""
 
 
+def find_compiler() -> str | None:
+  """The C++ compiler the kernel is built with: $CXX, else c++ or g++ on the PATH (None without one)."""
+  return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 def build(compiler: str | None = None) -> pathlib.Path:
   """Compiles cpu_attention.cc (once: the library is cached) and returns the shared library's path.
   Raises RuntimeError with the compiler's message if it fails."""
-  compiler = compiler or os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+  compiler = compiler or find_compiler()
   if not compiler:
     raise RuntimeError("no C++ compiler (c++ or g++, or $CXX) on the PATH")
   flags = [*FLAGS, "-march=native", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]

@@ -220,11 +220,11 @@ def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
   memory (the -Wpsabi warning), which made decoding on an AVX2-only host 2x slower. Compiled for each
   x86-64 level, with that warning an error."""
   import platform
-  import shutil
   import subprocess
   if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip(f"x86-64 levels only (this machine: {platform.machine()})")
-  compiler = shutil.which("c++") or shutil.which("g++")
+  compiler = cpu_attention.find_compiler()
+  assert compiler, "no C++ compiler ($CXX, c++ or g++)"
   for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4"):   # SSE4.2, AVX2, AVX-512
     command = [compiler, *cpu_attention.FLAGS, f"-march={level}", "-fPIC", "-Werror=psabi",
                f"-I{jax.ffi.include_dir()}", "-c", str(cpu_attention.SOURCE), "-o", str(tmp_path / "k.o")]
