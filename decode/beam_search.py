@@ -29,6 +29,9 @@ import numpy as np
 
 NEG_INF = -1.0e9   # finite, so that no arithmetic on a dead hypothesis makes a NaN
 CHUNK = 32         # tokens per chunk in top_extensions
+# What a sentence's next step may append (select_extensions' mode): any token; any but eos (before
+# min_len); only eos (its last step); nothing (finished, or past its limit).
+FREE, NO_EOS, ONLY_EOS, DEAD = 0, 1, 2, 3
 
 
 def length_penalty(length, alpha):
@@ -95,15 +98,35 @@ def top_extensions(alive_logp, logp, dead, n, chunk=CHUNK):
   return values, (parent * vocab + within).astype(jnp.int32)
 
 
+def select_extensions(logits, alive_logp, mode, n, eos_id):
+  """The n best extensions of every sentence by log-probability so far.
+
+  logits float32 [b, k, vocab]; alive_logp float32 [b, k]; mode int32 [b]: FREE, NO_EOS (eos gets
+  NEG_INF), ONLY_EOS (every other token gets NEG_INF) or DEAD (every extension NEG_INF). Scores are
+  alive_logp + log_softmax(logits); returns (values float32 [b, n], flat indices int32 [b, n] into
+  k * vocab), best first, ties to the lower index. kernels/cpu_attention.beam_extensions computes the same
+  in one custom call.
+  """
+  vocab = logits.shape[-1]
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  is_eos = jnp.arange(vocab) == eos_id
+  m = mode[:, None, None]
+  logp = jnp.where(((m == ONLY_EOS) & ~is_eos) | ((m == NO_EOS) & is_eos), NEG_INF, logp)
+  return top_extensions(alive_logp, logp, mode == DEAD, n)
+
+
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,
-                min_len=0, max_steps=None, reorder=None, repetition_penalty=1.0):
+                min_len=0, max_steps=None, reorder=None, repetition_penalty=1.0,
+                extensions=select_extensions):
   """Returns (sequences int32 [b, k, L], scores float32 [b, k]), best first.
 
   max_len: an int, or int32 [b] per-sentence limits on the generated length (eos included); L is its
   maximum (or max_steps when max_len is traced). min_len: eos is not allowed before min_len tokens
   (except at a sentence's limit, where only eos is). reorder: see the module docstring (default: gather
   every leaf by parent row). repetition_penalty: as in decode/sampling.py (CTRL's), applied to each
-  hypothesis's logits for the tokens it has generated; 1.0 is off.
+  hypothesis's logits for the tokens it has generated; 1.0 is off. extensions: how a step picks its
+  candidates, select_extensions or a function with its signature and results (model/ops.py's
+  beam_extensions, a C++ kernel on the CPU).
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -140,18 +163,14 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
       from decode.sampling import apply_repetition_penalty   # sampling imports this module
       logits = apply_repetition_penalty(logits.astype(jnp.float32), s["alive_seq"].reshape(b * k, steps),
                                         i, repetition_penalty)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    vocab = logp.shape[-1]
-    logp = logp.reshape(b, k, vocab)
-    is_eos = jnp.arange(vocab) == eos_id
-    at_limit = (i + 1 >= limits)[:, None, None]               # the last token a sentence may make
-    logp = jnp.where(at_limit & ~is_eos, NEG_INF, logp)
-    if min_len > 0:   # the limit wins over min_len: every hypothesis ends in eos
-      logp = jnp.where((i < min_len) & is_eos & ~at_limit, NEG_INF, logp)
-    # A finished sentence (or one past its limit) extends nothing.
-    dead = s["finished"] | (i >= limits)
+    vocab = logits.shape[-1]
+    # A finished sentence (or one past its limit) extends nothing; at its limit it may only end; the
+    # limit wins over min_len, so every hypothesis ends in eos.
+    mode = jnp.where(s["finished"] | (i >= limits), DEAD,
+                     jnp.where(i + 1 >= limits, ONLY_EOS, jnp.where(i < min_len, NO_EOS, FREE)))
     n_cand = min(2 * k, k * vocab)
-    cand_logp, cand_idx = top_extensions(s["alive_logp"], logp, dead, n_cand)   # [b, 2k], best first
+    cand_logp, cand_idx = extensions(logits.astype(jnp.float32).reshape(b, k, vocab), s["alive_logp"],
+                                     mode, n_cand, eos_id)                     # [b, 2k], best first
     parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)
     cand_eos = token == eos_id
     cand_seq = jnp.take_along_axis(s["alive_seq"], parent[:, :, None], axis=1)

@@ -29,6 +29,7 @@ from decode import beam_search as beam_lib
 from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
+from model.ops import ops_for
 
 
 def bucket_length(length: int) -> int:
@@ -73,6 +74,8 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   """
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
+  # How beam search picks a step's candidates: the C++ kernel on the CPU path, else XLA ops.
+  extensions = ops_for(cfg).beam_extensions or beam_lib.select_extensions
 
   def encoded(params, src):
     """The encoder-decoder's callback and cache: the encoder runs once per batch."""
@@ -105,7 +108,7 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
-        min_len=min_len, reorder=reorder)
+        min_len=min_len, reorder=reorder, extensions=extensions)
 
   if not sharded:
     return jax.jit(search)

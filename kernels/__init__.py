@@ -10,7 +10,8 @@ TransformerConfig.kernels chooses them:
                  search never copies
   output_layer   the pre-softmax weights transposed once per batch for decoding
   fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
-  cpu_attention  the decoding step's attention as C++ custom calls (compiled on first use)
+  cpu_attention  the decoding step's attention, and beam search's choice of candidates, as C++ custom
+                 calls (compiled on first use)
 
 One module is not a layer's piece but a setting of the process, called by `python -m train` before it
 imports JAX:

@@ -1,6 +1,7 @@
-// Decoding-step attention for XLA:CPU as two XLA FFI custom calls (kernels/cpu_attention.py builds and
-// registers them). One call does what XLA runs as a dozen small ops (scores, mask, max, exp, sum,
-// divide, weighted sum, and the transposes between them), each of which costs a dispatch.
+// Decoding-step kernels for XLA:CPU as XLA FFI custom calls (kernels/cpu_attention.py builds and
+// registers them): the two attentions, and beam search's choice of candidates. One call does what XLA
+// runs as a dozen small ops (scores, mask, max, exp, sum, divide, weighted sum, and the transposes
+// between them; log_softmax, masks and top-k), each of which costs a dispatch.
 //
 //   aiayn_slot_attention(q [b, j, h, d], k [b*s, h, d, L], v [b*s, h, L, dv], slot int32 [b*j, L],
 //                        index int32 []) -> [b, j, h, dv]
@@ -9,8 +10,11 @@
 //   aiayn_masked_attention(q [b, j, h, d], k [b, h, d, S], v [b, h, S, dv], mask pred [b, S])
 //     -> [b, j, h, dv]
 //     The j queries of sentence r attend to the source positions where mask[r] is true.
+//   aiayn_beam_extensions(logits [b, k, vocab], alive [b, k], mode int32 [b], attribute eos_id)
+//     -> (values [b, n], flat indices int32 [b, n])
+//     decode/beam_search.py's select_extensions (see BeamExtensionsImpl).
 //
-// Both: softmax(q . k) weighted values in float32, q already scaled by 1/sqrt(d). Keys are stored
+// The attentions: softmax(q . k) weighted values in float32, q already scaled by 1/sqrt(d). Keys are stored
 // positions-last, so that the scores of all positions come from vector multiply-adds along positions.
 // Masked positions get weight 0, as the reference's -1e9 logits do; a row with no visible position
 // averages every value, as the reference's softmax over equal -1e9 logits does.
@@ -18,6 +22,10 @@
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -254,6 +262,192 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   return ffi::Error::Success();
 }
 
+// ---- Beam search's candidate extensions ----
+
+// Sentence modes (decode/beam_search.py): what the step may append.
+constexpr int32_t kFree = 0, kNoEos = 1, kOnlyEos = 2, kDead = 3;
+constexpr float kNegInf = -1.0e9f;   // decode/beam_search.py's NEG_INF
+
+// The n best (value, index) pairs offered so far, best first. Indices must be offered in increasing
+// order: a value equal to one already kept then ranks after it, so ties go to the lower index (as
+// jax.lax.top_k's do).
+struct Best {
+  float* value;
+  int32_t* index;
+  int64_t n, size = 0;
+
+  float worst() const { return size < n ? -INFINITY : value[n - 1]; }
+  bool full() const { return size == n; }
+  void offer(float v, int32_t i) {
+    if (size == n && !(v > value[n - 1])) return;
+    int64_t p = size < n ? size++ : n - 1;
+    for (; p > 0 && v > value[p - 1]; --p) value[p] = value[p - 1], index[p] = index[p - 1];
+    value[p] = v, index[p] = i;
+  }
+};
+
+inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
+
+// a * b + c, fused where the CPU has FMA (one rounding instead of two).
+inline Vec fma(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  __m512 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
+  const __m512 r = _mm512_fmadd_ps(x, y, z);
+#elif defined(__AVX__) && defined(__FMA__)
+  __m256 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
+  const __m256 r = _mm256_fmadd_ps(x, y, z);
+#else
+  const Vec r = a * b + c;
+#endif
+  Vec out;
+  __builtin_memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+// exp_nonpositive on every lane, with fused multiply-adds.
+inline Vec exp_nonpositive(Vec x) {
+  typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  const Vec zero = {};
+  x = x < -87.0f ? zero - 87.0f : x;
+  const Vec shifter = zero + 12582912.0f;
+  const Vec n = fma(x, zero + 1.44269504f, shifter) - shifter;
+  const Vec r = fma(n, zero - 1.42860677e-06f, fma(n, zero - 0.693145752f, x));
+  Vec p = zero + 1.0f / 5040.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = fma(p, r, zero + c);
+  const Ints bits = (__builtin_convertvector(n, Ints) + 127) << 23;
+  Vec scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// The largest of x[0, count) (count >= 1).
+float row_max(const float* x, int64_t count) {
+  Vec part[4];
+  for (auto& v : part) v = Vec{} - INFINITY;
+  int64_t t = 0;
+  for (; t + 4 * kLanes <= count; t += 4 * kLanes)   // four independent chains
+    for (int u = 0; u < 4; ++u) part[u] = vmax(part[u], load(x + t + u * kLanes));
+  for (; t + kLanes <= count; t += kLanes) part[0] = vmax(part[0], load(x + t));
+  const Vec all = vmax(vmax(part[0], part[1]), vmax(part[2], part[3]));
+  float top = -INFINITY;
+  for (int64_t u = 0; u < kLanes; ++u) top = top > all[u] ? top : all[u];
+  for (; t < count; ++t) top = top > x[t] ? top : x[t];
+  return top;
+}
+
+// sum over t of exp(x[t] - top), every x[t] <= top.
+float exp_sum(const float* x, int64_t count, float top) {
+  Vec part[4] = {};
+  int64_t t = 0;
+  for (; t + 4 * kLanes <= count; t += 4 * kLanes)   // four independent chains
+    for (int u = 0; u < 4; ++u) part[u] += exp_nonpositive(load(x + t + u * kLanes) - top);
+  for (; t + kLanes <= count; t += kLanes) part[0] += exp_nonpositive(load(x + t) - top);
+  const Vec all = (part[0] + part[1]) + (part[2] + part[3]);
+  float sum = 0.0f;
+  for (int64_t u = 0; u < kLanes; ++u) sum += all[u];
+  for (; t < count; ++t) sum += exp_nonpositive(x[t] - top);
+  return sum;
+}
+
+// A bit per lane: bit u set where v[u] > bound.
+inline uint32_t lanes_above(Vec v, float bound) {
+#if defined(__AVX512F__)
+  __m512 m;
+  __builtin_memcpy(&m, &v, sizeof(m));
+  return _mm512_cmp_ps_mask(m, _mm512_set1_ps(bound), _CMP_GT_OQ);
+#elif defined(__AVX__)
+  __m256 m;
+  __builtin_memcpy(&m, &v, sizeof(m));
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(m, _mm256_set1_ps(bound), _CMP_GT_OQ)));
+#else
+  uint32_t bits = 0;
+  for (int64_t u = 0; u < kLanes; ++u) bits |= static_cast<uint32_t>(v[u] > bound) << u;
+  return bits;
+#endif
+}
+
+// For every sentence r: the n best of total[j, t] = alive[r, j] + logp[r, j, t] over its k hypotheses j
+// and the vocabulary t, logp = log_softmax(logits[r, j]) computed as (x - max) - log(sum exp(x - max)),
+// with mode kNoEos giving eos NEG_INF, kOnlyEos every other token NEG_INF, kDead every total NEG_INF.
+// Values best first, ties to the lower flat index j * vocab + t: decode/beam_search.py's
+// select_extensions, up to the rounding of the exponentials.
+//
+// Each row is read three times: its maximum, the sum of exponentials, then the scan for candidates.
+// The scan skips most of the row a block of 4 vectors at a time; the exact totals are computed only
+// where a block might hold one of the n best (about n log(k * vocab / n) entries in all, for logits
+// in random order).
+void beam_extensions(const float* lp, const float* ap, const int32_t* mp, int64_t b, int64_t k, int64_t vocab,
+                     int64_t n, int32_t eos_id, float* vp, int32_t* ip) {
+  const int64_t block = 4 * kLanes;
+  for (int64_t r = 0; r < b; ++r) {
+    Best best{vp + r * n, ip + r * n, n};
+    const int32_t m = mp[r];
+    if (m == kDead) {   // every total NEG_INF: the n lowest indices
+      for (int64_t i = 0; i < n; ++i) best.value[i] = kNegInf, best.index[i] = static_cast<int32_t>(i);
+      continue;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const float* x = lp + (r * k + j) * vocab;
+      const float a = ap[r * k + j];
+      const float top = row_max(x, vocab);
+      const float lse = std::log(exp_sum(x, vocab, top));
+      const int32_t base = static_cast<int32_t>(j * vocab);
+      auto total = [&](int64_t t) {
+        const bool masked = (m == kOnlyEos && t != eos_id) || (m == kNoEos && t == eos_id);
+        return a + (masked ? kNegInf : (x[t] - top) - lse);
+      };
+      if (m == kOnlyEos) {   // a sentence's last step: every token, one at a time
+        for (int64_t t = 0; t < vocab; ++t) best.offer(total(t), base + static_cast<int32_t>(t));
+        continue;
+      }
+      // Blocks of 4 vectors: one compare of their largest raw logit against the raw value the current
+      // n-th best maps back to (less a margin far above the rounding between the two) skips most; the
+      // totals of a block that passes are compared exactly, lane by lane, in vectors.
+      int64_t t0 = 0;
+      for (; t0 + block <= vocab; t0 += block) {
+        const float worst = best.worst();
+        if (best.full()) {
+          const float raw = worst - a + lse + top;
+          const float margin = 1e-5f * (std::fabs(worst) + std::fabs(a) + std::fabs(lse) + std::fabs(top));
+          const Vec most = vmax(vmax(load(x + t0), load(x + t0 + kLanes)),
+                                vmax(load(x + t0 + 2 * kLanes), load(x + t0 + 3 * kLanes)));
+          if (!lanes_above(most, raw - margin)) continue;
+        }
+        for (int64_t t = t0; t < t0 + block; t += kLanes) {
+          Vec totals = a + ((load(x + t) - top) - lse);   // total(t + u) in lane u, rounded alike
+          if (m == kNoEos && eos_id >= t && eos_id < t + kLanes) totals[eos_id - t] = a + kNegInf;
+          for (uint32_t bits = lanes_above(totals, best.worst()); bits; bits &= bits - 1) {
+            const int u = __builtin_ctz(bits);
+            best.offer(totals[u], base + static_cast<int32_t>(t + u));
+          }
+        }
+      }
+      for (int64_t t = t0; t < vocab; ++t) best.offer(total(t), base + static_cast<int32_t>(t));
+    }
+  }
+}
+
+ffi::Error BeamExtensionsImpl(ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> alive,
+                              ffi::Buffer<ffi::S32> mode, int32_t eos_id,
+                              ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
+  const auto ls = logits.dimensions(), as = alive.dimensions(), ms = mode.dimensions(),
+             vs = values->dimensions(), is = indices->dimensions();
+  if (ls.size() != 3 || as.size() != 2 || ms.size() != 1 || vs.size() != 2 || is.size() != 2)
+    return ffi::Error::InvalidArgument("aiayn_beam_extensions: expected logits of rank 3, alive and the "
+                                       "results of rank 2, mode of rank 1");
+  const int64_t b = ls[0], k = ls[1], vocab = ls[2], n = vs[1];
+  if (as[0] != b || as[1] != k || ms[0] != b || vs[0] != b || is[0] != b || is[1] != n)
+    return ffi::Error::InvalidArgument("aiayn_beam_extensions: shapes do not match");
+  if (vocab < 1 || n < 1 || n > k * vocab || k * vocab > INT32_MAX)
+    return ffi::Error::InvalidArgument("aiayn_beam_extensions: need 1 <= n <= k * vocab < 2^31");
+  beam_extensions(logits.typed_data(), alive.typed_data(), mode.typed_data(), b, k, vocab, n, eos_id,
+                  values->typed_data(), indices->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynSlotAttention, SlotAttentionImpl,
@@ -272,3 +466,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynMaskedAttention, MaskedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynBeamExtensions, BeamExtensionsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int32_t>("eos_id")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());

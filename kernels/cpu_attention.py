@@ -1,14 +1,17 @@
-"""Decoding-step attention as one XLA FFI custom call per attention (kernels/cpu_attention.cc).
+"""The decoding step's C++ kernels as XLA FFI custom calls (kernels/cpu_attention.cc): one call per
+attention, and one for beam search's candidates.
 
     if cpu_attention.available():
       heads = cpu_attention.slot_attention(q, k, v, slot, index)     # self-attention, beam slots or not
       heads = cpu_attention.masked_attention(q, keys, values, mask)  # cross-attention
+      values, index = cpu_attention.beam_extensions(logits, alive_logp, mode, n, eos_id)
 
 In a decoding step XLA:CPU runs each attention as about a dozen small ops (scores, mask, max, exp, sum,
 divide, weighted sum, transposes), and at the default model's sizes the dispatch of each costs more than
 its arithmetic (docs/performance.md). The C++ kernel does the same float32 arithmetic in one call, and
 reads only the positions decoded so far. Same results as kernels/decode_cache.py's XLA attention up to
-float rounding (tests/test_kernels.py).
+float rounding (tests/test_kernels.py). beam_extensions is decode/beam_search.py's select_extensions
+(log_softmax, the eos masks, the top 2k of k * vocab scores) in one call, with the same picks.
 
 The source is compiled once per machine with the C++ compiler (`c++`, or $CXX) and the XLA FFI headers
 that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version, the
@@ -29,9 +32,11 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
-TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention"}
+TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention",
+           "aiayn_beam_extensions": "AiaynBeamExtensions"}
 
 
 FLAGS = ["-O3", "-std=c++17"]   # with -march=native: the vector width is this machine's (cpu_attention.cc)
@@ -116,3 +121,21 @@ def masked_attention(q, k, v, mask):
   out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
   return jax.ffi.ffi_call("aiayn_masked_attention", out)(q.astype(jnp.float32), k, v, mask.astype(bool))
 
+
+
+def beam_extensions(logits, alive_logp, mode, n, eos_id):
+  """decode.beam_search.select_extensions as one custom call: the n best extensions of every sentence.
+
+  logits float32 [b, k, vocab]; alive_logp float32 [b, k]; mode int32 [b] (decode/beam_search.py's FREE,
+  NO_EOS, ONLY_EOS, DEAD). Returns (values float32 [b, n], flat indices int32 [b, n]), best first.
+
+  XLA:CPU makes four passes over the [b * k, vocab] logits with an op each (log_softmax's max, its exp
+  and sum, the subtraction, the chunk maxima of top_extensions); the kernel reads each row twice for the
+  log-sum-exp and once more, in blocks skipped with one vector compare, for the few tokens that can still
+  enter the n best.
+  """
+  b, k = alive_logp.shape
+  out = (jax.ShapeDtypeStruct((b, n), jnp.float32), jax.ShapeDtypeStruct((b, n), jnp.int32))
+  return jax.ffi.ffi_call("aiayn_beam_extensions", out)(
+      logits.reshape(b, k, -1).astype(jnp.float32), alive_logp.astype(jnp.float32), mode.astype(jnp.int32),
+      eos_id=np.int32(eos_id))

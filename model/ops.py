@@ -40,6 +40,8 @@ class Ops:
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
   batch from the [vocab, d_model] table), and decoder outputs [n, d_model] x those -> float32 logits.
   fused_loss: train/ may fuse the output layer with the loss (kernels/fused_loss.py).
+  beam_extensions: how a beam search step picks its candidates (decode.beam_search.select_extensions'
+  signature): None for the XLA ops, kernels/cpu_attention.beam_extensions's custom call on the CPU path.
   matmul_dtype: cfg.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
   (mixed precision), else None.
   """
@@ -50,6 +52,7 @@ class Ops:
   decoding_weights: Callable
   decoding_logits: Callable
   fused_loss: bool
+  beam_extensions: Callable | None = None
 
   @property
   def float32_dot_general(self):
@@ -85,7 +88,8 @@ def ops_for(cfg: TransformerConfig) -> Ops:
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout, cache=cache,
                decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),
-               decoding_logits=output_layer.logits, fused_loss=cfg.arch != "encoder_only")
+               decoding_logits=output_layer.logits, fused_loss=cfg.arch != "encoder_only",
+               beam_extensions=cpu_attention.beam_extensions if cpu_attention.available() else None)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=plain_cache,
              decoding_weights=lambda table: table,

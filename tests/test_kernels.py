@@ -213,6 +213,10 @@ def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
   assert cache["layers"][0]["k"].shape == (4, 4, 8, 10) and cache["layers"][0]["v"].shape == (4, 4, 10, 8)
   plain = init_cache(cfg, 4, 10, beam_slots=False)       # keys positions-last for the kernel here too
   assert plain["layers"][0]["k"].shape == (4, 4, 8, 10) and plain["layers"][0]["v"].shape == (4, 4, 10, 8)
+  # Beam search picks its candidates with the C++ kernel whatever the dtype (the logits are float32).
+  assert ops_for(cfg).beam_extensions is cpu_attention.beam_extensions
+  assert ops_for(cfg.replace(matmul_dtype="bfloat16")).beam_extensions is cpu_attention.beam_extensions
+  assert ops_for(cfg.replace(kernels="reference")).beam_extensions is None
 
 
 def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
@@ -286,5 +290,58 @@ def test_cpu_attention_build_failure_is_reported_and_decoding_falls_back(monkeyp
     with pytest.warns(UserWarning, match="uses the XLA attention .no compiler"):
       assert not cpu_attention.available()
     assert not ops_for(SMALL.replace(kernels="cpu")).cache(True).ffi
+    assert ops_for(SMALL.replace(kernels="cpu")).beam_extensions is None
   finally:
     cpu_attention.available.cache_clear()
+
+
+@pytest.mark.parametrize("b, k, vocab", [(5, 4, 8000), (4, 3, 77), (3, 2, 5), (2, 1, 16)])
+def test_beam_extensions_kernel_picks_what_select_extensions_picks(b, k, vocab):
+  """Every mode, hypotheses that are out (alive NEG_INF), repeated logits (ties go to the lower index),
+  vocabularies of whole blocks, with rests, and smaller than a vector, up to n = k * vocab."""
+  from decode import beam_search as bs
+  assert cpu_attention.available()   # builds and registers the custom calls
+  rng = np.random.default_rng(vocab)
+  logits = (rng.standard_normal((b, k, vocab)) * 3).astype(np.float32)
+  logits[0, :, vocab // 2:] = logits[0, :, :vocab - vocab // 2]    # the same logit at two tokens
+  logits[:, 0, 3 % vocab] += 10.0                                  # eos the best token of hypothesis 0
+  if k > 1:
+    logits[-1, 1] = logits[-1, 0]                                 # two hypotheses alike
+  alive = -np.sort(rng.exponential(3.0, (b, k)), axis=1).astype(np.float32)
+  alive[1 % b, k // 2 + 1:] = bs.NEG_INF
+  if k > 1:
+    alive[-1, 1] = alive[-1, 0]
+  ref = jax.jit(bs.select_extensions, static_argnums=(3, 4))
+  kernel = jax.jit(cpu_attention.beam_extensions, static_argnums=(3, 4))
+  for mode in (bs.FREE, bs.NO_EOS, bs.ONLY_EOS, bs.DEAD):
+    modes = np.full((b,), mode, np.int32)
+    modes[0] = bs.FREE
+    for n in sorted({1, min(2 * k, k * vocab), k * vocab}):
+      if n > 64:
+        continue
+      want_values, want_index = ref(logits, alive, modes, n, 3 % vocab)
+      got_values, got_index = kernel(logits, alive, modes, n, 3 % vocab)
+      np.testing.assert_array_equal(got_index, want_index, err_msg=f"mode {mode}, n {n}")
+      np.testing.assert_allclose(got_values, want_values, rtol=1e-6, atol=1e-5)
+
+
+def test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops():
+  """The whole search, with a sentence that reaches its limit and min_len holding eos back."""
+  from decode import beam_search as bs
+  assert cpu_attention.available()
+  rng = np.random.default_rng(0)
+  vocab, b, k = 300, 3, 4
+  table = jnp.asarray(rng.standard_normal((vocab, vocab)) * 2, jnp.float32)   # next-token logits by token
+
+  def step(ids, cache):
+    return table[ids] + cache["bias"], cache
+
+  cache = {"bias": jnp.asarray(rng.standard_normal((b, vocab)), jnp.float32)}
+  for min_len in (0, 4):
+    run = lambda extensions: jax.jit(lambda c: bs.beam_search(
+        step, c, batch_size=b, beam_size=k, max_len=jnp.array([3, 9, 12]), max_steps=12, eos_id=3, bos_id=2,
+        min_len=min_len, extensions=extensions))(cache)
+    want_seqs, want_scores = run(bs.select_extensions)
+    got_seqs, got_scores = run(cpu_attention.beam_extensions)
+    np.testing.assert_array_equal(got_seqs, want_seqs)
+    np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5)
