@@ -89,4 +89,4 @@ def prompt_sample(model, params, prompt, rng, *, max_len=20, temperature=1.0, to
   tokens_to_logits, cache = prefilled(model, params, prompt, max_len)
   return sample(tokens_to_logits, cache, rng, batch_size=prompt.shape[0], max_len=max_len, eos_id=EOS,
                 bos_id=0, temperature=temperature, top_k=top_k, top_p=top_p,
-                repetition_penalty=repetition_penalty)
+                repetition_penalty=repetition_penalty, extensions=ops_for(model.cfg).beam_extensions)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.beam_search import static_len
+from decode.beam_search import FREE, NO_EOS, ONLY_EOS, static_len
 
 
 def apply_repetition_penalty(logits, seq, length, penalty):
@@ -75,13 +75,16 @@ def top_p_filter(logits, p):
 
 
 def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id, temperature=1.0, top_k=0,
-           top_p=1.0, repetition_penalty=1.0, min_len=0, max_steps=None):
+           top_p=1.0, repetition_penalty=1.0, min_len=0, max_steps=None, extensions=None):
   """Returns (sequences int32 [b, L], scores float32 [b]); see the module docstring.
 
   max_len: an int, or int32 [b] per-row limits on the generated length (eos included, values below 1 count
   as 1); L is its maximum, or max_steps when max_len is traced. min_len: eos is not allowed before min_len
   tokens (the forced eos at max_len wins). temperature 0 is greedy and needs no rng. top_k 0 and top_p 1.0
-  are off; repetition_penalty 1.0 is off.
+  are off; repetition_penalty 1.0 is off. extensions: a function with the signature of
+  decode.beam_search.select_extensions (model/ops.py's beam_extensions, a C++ kernel on the CPU); given,
+  greedy decoding without a repetition penalty takes each step's token and its log-probability from it,
+  one hypothesis per row, instead of from the XLA ops below (the same token: the first maximum).
   """
   b = int(batch_size)
   steps = static_len(max_len, max_steps, who="sample")
@@ -110,6 +113,10 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     i = s["step"]
     logits, cache = tokens_to_logits(s["last"], s["cache"])
     logits = logits.astype(jnp.float32)                          # [b, vocab]
+    if temperature == 0 and repetition_penalty == 1.0 and extensions is not None:
+      mode = jnp.where(i + 1 >= limits, ONLY_EOS, jnp.where(i < min_len, NO_EOS, FREE))   # [b]
+      values, index = extensions(logits[:, None], jnp.zeros((b, 1), jnp.float32), mode, 1, eos_id)
+      return advance(s, cache, index[:, 0], values[:, 0])
     logp = jax.nn.log_softmax(logits, axis=-1)                   # the score is under the raw model
     if repetition_penalty != 1.0:
       logits = apply_repetition_penalty(logits, s["seq"], i, repetition_penalty)
@@ -122,8 +129,13 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     else:
       logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
       token = jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
+    token_logp = jnp.take_along_axis(logp, token[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return advance(s, cache, token, token_logp)
+
+  def advance(s, cache, token, token_logp):
+    """The state after appending token int32 [b], of log-probability token_logp [b], to every row."""
+    i = s["step"]
     token = jnp.where(s["done"], 0, token.astype(jnp.int32))     # [b]
-    token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
     done = s["done"] | (token == eos_id)
     return dict(step=i + 1, cache=cache, last=jnp.where(done, eos_id, token),
                 seq=s["seq"].at[:, i].set(token),
@@ -134,8 +146,8 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
 
 
 def greedy(tokens_to_logits, cache, *, batch_size, max_len, eos_id, bos_id, min_len=0, repetition_penalty=1.0,
-           max_steps=None):
+           max_steps=None, extensions=None):
   """`sample` at temperature 0: the argmax at every step, no rng. Returns (sequences [b, L], scores [b])."""
   return sample(tokens_to_logits, cache, None, batch_size=batch_size, max_len=max_len, eos_id=eos_id,
                 bos_id=bos_id, temperature=0.0, min_len=min_len, repetition_penalty=repetition_penalty,
-                max_steps=max_steps)
+                max_steps=max_steps, extensions=extensions)

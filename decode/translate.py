@@ -74,8 +74,9 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   """
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
-  # How beam search picks a step's candidates: the C++ kernel on the CPU path, else XLA ops.
-  extensions = ops_for(cfg).beam_extensions or beam_lib.select_extensions
+  # How beam search picks a step's candidates, and greedy its token: the C++ kernel on the CPU path (None
+  # elsewhere: XLA ops).
+  fast = ops_for(cfg).beam_extensions
 
   def encoded(params, src):
     """The encoder-decoder's callback and cache: the encoder runs once per batch."""
@@ -103,12 +104,12 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
-          eos_id=EOS, bos_id=bos, min_len=min_len, **dict(sampling))
+          eos_id=EOS, bos_id=bos, min_len=min_len, extensions=fast, **dict(sampling))
       return seqs[:, None], scores[:, None]
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
-        min_len=min_len, reorder=reorder, extensions=extensions)
+        min_len=min_len, reorder=reorder, extensions=fast or beam_lib.select_extensions)
 
   if not sharded:
     return jax.jit(search)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from decode.sampling import greedy, sample
+from kernels import cpu_attention
 
 BOS, EOS = 1, 2
 
@@ -102,11 +103,21 @@ def _python_greedy(model, chain, limit, min_len):
   return out
 
 
+def _extensions(name):
+  """None (the XLA ops) or "cpu": kernels/cpu_attention.py's custom call, which greedy uses on the CPU."""
+  if name is None:
+    return None
+  assert cpu_attention.available()
+  return cpu_attention.beam_extensions
+
+
+@pytest.mark.parametrize("extensions", [None, "cpu"])
 @pytest.mark.parametrize("min_len", [0, 3])
-def test_greedy_equals_a_python_argmax_loop_with_per_row_limits(min_len):
+def test_greedy_equals_a_python_argmax_loop_with_per_row_limits(min_len, extensions):
   model = Markov.random(8, 10, seed=1, eos_bias=1.0)
   limits = np.array([1, 2, 5, 12, 12, 12, 7, 12], np.int32)
-  seqs, scores = _run(greedy, model, model.init_cache(np.arange(8)), max_len=limits, min_len=min_len)
+  seqs, scores = _run(greedy, model, model.init_cache(np.arange(8)), max_len=limits, min_len=min_len,
+                      extensions=_extensions(extensions))
   assert seqs.shape == (8, 12)
   lengths = _check_rows(seqs, limits, min_len)
   assert np.any(lengths < limits), "some rows should end by choice, not by the limit"
@@ -152,8 +163,13 @@ def test_min_len_holds_eos_back_but_the_limit_still_forces_it():
   seqs, _ = _run(sample, model, model.init_cache(np.arange(6) % 3), _key(2), max_len=limits,
                  min_len=3)
   np.testing.assert_array_equal(_lengths(seqs), np.minimum(limits, 4))
-  seqs, _ = _run(greedy, model, model.init_cache(np.arange(6) % 3), max_len=limits)
-  np.testing.assert_array_equal(_lengths(seqs), np.ones(6))
+  for extensions in (None, "cpu"):
+    seqs, _ = _run(greedy, model, model.init_cache(np.arange(6) % 3), max_len=limits, min_len=3,
+                   extensions=_extensions(extensions))
+    np.testing.assert_array_equal(_lengths(seqs), np.minimum(limits, 4))
+    seqs, _ = _run(greedy, model, model.init_cache(np.arange(6) % 3), max_len=limits,
+                   extensions=_extensions(extensions))
+    np.testing.assert_array_equal(_lengths(seqs), np.ones(6))
 
 
 def test_the_loop_stops_once_every_row_ended_and_feeds_eos_to_finished_rows():
