@@ -427,6 +427,9 @@ void beam_extensions(const float* lp, const float* ap, const int32_t* mp, int64_
       }
       for (int64_t t = t0; t < vocab; ++t) best.offer(total(t), base + static_cast<int32_t>(t));
     }
+    // NaN totals (logits with NaN or infinity) are never offered: fill what they left empty with NaN
+    // at the lowest indices, so that every result is written and every index is in range.
+    for (int64_t i = best.size; i < n; ++i) best.value[i] = NAN, best.index[i] = static_cast<int32_t>(i);
   }
 }
 

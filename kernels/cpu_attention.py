@@ -127,7 +127,9 @@ def beam_extensions(logits, alive_logp, mode, n, eos_id):
   """decode.beam_search.select_extensions as one custom call: the n best extensions of every sentence.
 
   logits float32 [b, k, vocab]; alive_logp float32 [b, k]; mode int32 [b] (decode/beam_search.py's FREE,
-  NO_EOS, ONLY_EOS, DEAD). Returns (values float32 [b, n], flat indices int32 [b, n]), best first.
+  NO_EOS, ONLY_EOS, DEAD). Returns (values float32 [b, n], flat indices int32 [b, n]), best first. A row
+  with NaN or infinite logits (a diverged model) has NaN totals, which are never picked: slots left empty
+  hold NaN at the lowest indices, so every index stays in range.
 
   XLA:CPU makes four passes over the [b * k, vocab] logits with an op each (log_softmax's max, its exp
   and sum, the subtraction, the chunk maxima of top_extensions); the kernel reads each row twice for the

@@ -323,6 +323,15 @@ def test_beam_extensions_kernel_picks_what_select_extensions_picks(b, k, vocab):
       got_values, got_index = kernel(logits, alive, modes, n, 3 % vocab)
       np.testing.assert_array_equal(got_index, want_index, err_msg=f"mode {mode}, n {n}")
       np.testing.assert_allclose(got_values, want_values, rtol=1e-6, atol=1e-5)
+  # A diverged model's logits: NaN everywhere, or one infinity (NaN totals after it). The picks are
+  # unspecified there, but written and in range.
+  for bad in (np.nan, np.inf):
+    broken = logits.copy()
+    broken[0] = np.nan
+    broken[-1, 0, 0] = bad
+    values, index = kernel(broken, alive, np.zeros((b,), np.int32), min(2 * k, k * vocab), 3 % vocab)
+    assert np.all((0 <= np.asarray(index)) & (np.asarray(index) < k * vocab))
+    assert np.all(np.isnan(np.asarray(values)[0]))
 
 
 def test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops():
