@@ -116,8 +116,7 @@ def select_extensions(logits, alive_logp, mode, n, eos_id):
 
 
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,
-                min_len=0, max_steps=None, reorder=None, repetition_penalty=1.0,
-                extensions=select_extensions):
+                min_len=0, max_steps=None, reorder=None, repetition_penalty=1.0, extensions=None):
   """Returns (sequences int32 [b, k, L], scores float32 [b, k]), best first.
 
   max_len: an int, or int32 [b] per-sentence limits on the generated length (eos included); L is its
@@ -125,8 +124,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   (except at a sentence's limit, where only eos is). reorder: see the module docstring (default: gather
   every leaf by parent row). repetition_penalty: as in decode/sampling.py (CTRL's), applied to each
   hypothesis's logits for the tokens it has generated; 1.0 is off. extensions: how a step picks its
-  candidates, select_extensions or a function with its signature and results (model/ops.py's
-  beam_extensions, a C++ kernel on the CPU).
+  candidates, a function with select_extensions' signature and results (model/ops.py's beam_extensions,
+  a C++ kernel on the CPU); None is select_extensions.
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -136,6 +135,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
     raise ValueError(f"beam_search: need beam_size >= 1 and max_len >= 1 (got {k}, {steps})")
   if reorder is None:
     reorder = gather_rows
+  if extensions is None:
+    extensions = select_extensions
   limits = jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,))
   limits = jnp.minimum(limits, steps)
   # The best penalty a live hypothesis can still reach: the largest one up to its sentence's limit.

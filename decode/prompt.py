@@ -18,7 +18,7 @@ import numpy as np
 
 from data.lm import SEP
 from data.vocab import BOS, EOS
-from decode.beam_search import beam_search, select_extensions
+from decode.beam_search import beam_search
 from decode.sampling import sample
 from model import init_cache
 from model.ops import ops_for
@@ -77,7 +77,7 @@ def prompt_search(model, params, prompt, *, beam_size=4, max_len=20, alpha=0.6, 
   return beam_search(tokens_to_logits, cache, batch_size=prompt.shape[0], beam_size=beam_size,
                      max_len=max_len, eos_id=EOS, bos_id=0, alpha=alpha,
                      repetition_penalty=repetition_penalty,
-                     extensions=ops_for(model.cfg).beam_extensions or select_extensions)
+                     extensions=ops_for(model.cfg).beam_extensions)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k", "top_p",

@@ -109,7 +109,7 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
     return beam_lib.beam_search(
         tokens_to_logits, cache, batch_size=src.shape[0],
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
-        min_len=min_len, reorder=reorder, extensions=fast or beam_lib.select_extensions)
+        min_len=min_len, reorder=reorder, extensions=fast)
 
   if not sharded:
     return jax.jit(search)

@@ -33,28 +33,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// exp(x) for x <= 0 in plain arithmetic the compiler vectorizes (std::exp is a library call per element):
-// x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series to r^7 (relative error below 2e-7, about
-// one float ulp), times 2^n built in the exponent bits. Arguments below -87 give exp(-87) (~1.6e-38).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float shifter = 12582912.0f;                      // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504f + shifter) - shifter;  // round(x / ln2)
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-06f;   // ln2 in two parts
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 // Floats per block: one vector register's worth on the CPU this is compiled for (-march=native). A
 // vector wider than the CPU's registers is not split into registers by GCC but passed through memory
 // (with AVX2 only, 16 floats made the kernels run 3-10x slower).
@@ -78,18 +56,73 @@ inline Vec load(const float* p) {
 
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
+inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
+
+// a * b + c: for vectors fused where the CPU has FMA (one rounding instead of two).
+inline float mul_add(float a, float b, float c) { return a * b + c; }
+inline Vec mul_add(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  __m512 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
+  const __m512 r = _mm512_fmadd_ps(x, y, z);
+#elif defined(__AVX__) && defined(__FMA__)
+  __m256 x, y, z;
+  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
+  const __m256 r = _mm256_fmadd_ps(x, y, z);
+#else
+  const Vec r = a * b + c;
+#endif
+  Vec out;
+  __builtin_memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+// The bits of the float 2^n, n a whole number in float(s).
+typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
+inline int32_t power_of_two_bits(float n) { return (static_cast<int32_t>(n) + 127) << 23; }
+inline Ints power_of_two_bits(Vec n) { return (__builtin_convertvector(n, Ints) + 127) << 23; }
+
+// exp(x) for x <= 0, of a float or of every lane of a Vec, in plain arithmetic the compiler vectorizes
+// (std::exp is a library call per element): x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series
+// to r^7 (relative error below 2e-7, about one float ulp), times 2^n built in the exponent bits.
+// Arguments below -87 give exp(-87) (~1.6e-38).
+template <typename T>
+inline T exp_nonpositive(T x) {
+  const T zero = {};
+  x = x < -87.0f ? zero - 87.0f : x;
+  const T shifter = zero + 12582912.0f;                                  // 1.5 * 2^23: rounds to an integer
+  const T n = mul_add(x, zero + 1.44269504f, shifter) - shifter;         // round(x / ln2)
+  const T r = mul_add(n, zero - 1.42860677e-06f, mul_add(n, zero - 0.693145752f, x));   // ln2 in two parts
+  T p = zero + 1.0f / 5040.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = mul_add(p, r, zero + c);
+  const auto bits = power_of_two_bits(n);
+  T scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// The largest of x[0, count) (count >= 1).
+float row_max(const float* x, int64_t count) {
+  Vec part[4];
+  for (auto& v : part) v = Vec{} - INFINITY;
+  int64_t t = 0;
+  for (; t + 4 * kLanes <= count; t += 4 * kLanes)   // four independent chains
+    for (int u = 0; u < 4; ++u) part[u] = vmax(part[u], load(x + t + u * kLanes));
+  for (; t + kLanes <= count; t += kLanes) part[0] = vmax(part[0], load(x + t));
+  const Vec all = vmax(vmax(part[0], part[1]), vmax(part[2], part[3]));
+  float top = -INFINITY;
+  for (int64_t u = 0; u < kLanes; ++u) top = top > all[u] ? top : all[u];
+  for (; t < count; ++t) top = top > x[t] ? top : x[t];
+  return top;
+}
+
 // The softmax of scores[0, count), where positions that take no part hold -infinity, in place: their
 // weight is 0. With no position taking part, every position gets the same weight (the reference's
 // softmax over equal -1e9 logits).
 void softmax(float* scores, int64_t count) {
-  float top_part[kLanes];
-  for (int64_t u = 0; u < kLanes; ++u) top_part[u] = -INFINITY;
-  int64_t t = 0;
-  for (; t + kLanes <= count; t += kLanes)
-    for (int64_t u = 0; u < kLanes; ++u) top_part[u] = top_part[u] > scores[t + u] ? top_part[u] : scores[t + u];
-  float top = -INFINITY;
-  for (; t < count; ++t) top = top > scores[t] ? top : scores[t];
-  for (int64_t u = 0; u < kLanes; ++u) top = top > top_part[u] ? top : top_part[u];
+  const float top = row_max(scores, count);
+  int64_t t;
   if (top == -INFINITY) {
     for (t = 0; t < count; ++t) scores[t] = 1.0f / static_cast<float>(count);
     return;
@@ -285,58 +318,6 @@ struct Best {
     value[p] = v, index[p] = i;
   }
 };
-
-inline Vec vmax(Vec a, Vec b) { return a > b ? a : b; }
-
-// a * b + c, fused where the CPU has FMA (one rounding instead of two).
-inline Vec fma(Vec a, Vec b, Vec c) {
-#if defined(__AVX512F__)
-  __m512 x, y, z;
-  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
-  const __m512 r = _mm512_fmadd_ps(x, y, z);
-#elif defined(__AVX__) && defined(__FMA__)
-  __m256 x, y, z;
-  __builtin_memcpy(&x, &a, sizeof(x)), __builtin_memcpy(&y, &b, sizeof(y)), __builtin_memcpy(&z, &c, sizeof(z));
-  const __m256 r = _mm256_fmadd_ps(x, y, z);
-#else
-  const Vec r = a * b + c;
-#endif
-  Vec out;
-  __builtin_memcpy(&out, &r, sizeof(out));
-  return out;
-}
-
-// exp_nonpositive on every lane, with fused multiply-adds.
-inline Vec exp_nonpositive(Vec x) {
-  typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
-  const Vec zero = {};
-  x = x < -87.0f ? zero - 87.0f : x;
-  const Vec shifter = zero + 12582912.0f;
-  const Vec n = fma(x, zero + 1.44269504f, shifter) - shifter;
-  const Vec r = fma(n, zero - 1.42860677e-06f, fma(n, zero - 0.693145752f, x));
-  Vec p = zero + 1.0f / 5040.0f;
-  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = fma(p, r, zero + c);
-  const Ints bits = (__builtin_convertvector(n, Ints) + 127) << 23;
-  Vec scale;
-  __builtin_memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-// The largest of x[0, count) (count >= 1).
-float row_max(const float* x, int64_t count) {
-  Vec part[4];
-  for (auto& v : part) v = Vec{} - INFINITY;
-  int64_t t = 0;
-  for (; t + 4 * kLanes <= count; t += 4 * kLanes)   // four independent chains
-    for (int u = 0; u < 4; ++u) part[u] = vmax(part[u], load(x + t + u * kLanes));
-  for (; t + kLanes <= count; t += kLanes) part[0] = vmax(part[0], load(x + t));
-  const Vec all = vmax(vmax(part[0], part[1]), vmax(part[2], part[3]));
-  float top = -INFINITY;
-  for (int64_t u = 0; u < kLanes; ++u) top = top > all[u] ? top : all[u];
-  for (; t < count; ++t) top = top > x[t] ? top : x[t];
-  return top;
-}
 
 // sum over t of exp(x[t] - top), every x[t] <= top.
 float exp_sum(const float* x, int64_t count, float top) {
