@@ -1,5 +1,6 @@
 // Decoding-step kernels for XLA:CPU as XLA FFI custom calls (kernels/cpu_attention.py builds and
-// registers them): the two attentions, and beam search's choice of candidates. One call does what XLA
+// registers them): the two attentions, the output layer's product, and beam search's choice of
+// candidates. One call does what XLA
 // runs as a dozen small ops (scores, mask, max, exp, sum, divide, weighted sum, and the transposes
 // between them; log_softmax, masks and top-k), each of which costs a dispatch.
 //
@@ -10,6 +11,8 @@
 //   aiayn_masked_attention(q [b, j, h, d], k [b, h, d, S], v [b, h, S, dv], mask pred [b, S])
 //     -> [b, j, h, dv]
 //     The j queries of sentence r attend to the source positions where mask[r] is true.
+//   aiayn_panel_matmul(x [n, d], panels [count, d, width]) -> [n, count * width]
+//     The output layer's product for a decoding step's few rows, the weights laid out in panels.
 //   aiayn_beam_extensions(logits [b, k, vocab], alive [b, k], mode int32 [b], attribute eos_id)
 //     -> (values [b, n], flat indices int32 [b, n])
 //     decode/beam_search.py's select_extensions (see BeamExtensionsImpl).
@@ -143,30 +146,54 @@ void softmax(float* scores, int64_t count) {
   for (t = 0; t < count; ++t) scores[t] = scores[t] / sum;
 }
 
-// scores[a][t] = q[a] . key_t for J queries and t < count (count <= length), keys positions-last: row i
-// of `keys` holds component i of every position (stride `length`). A block of kLanes positions is one
-// vector multiply-add per component and query, accumulated in registers, each key row loaded once for
-// all J queries.
+// Blocks of kLanes positions scored together: as many as keep every accumulator of 4 queries in a
+// register (32 vector registers with AVX-512, 16 otherwise).
+constexpr int64_t kBlocks = kLanes >= 16 ? 4 : 2;
+
+// scores[a][t0, t0 + NB * kLanes) = q[a] . key_t for J queries, keys positions-last: row i of `keys`
+// holds component i of every position (stride `length`). Each key row's NB blocks are one contiguous
+// run, loaded once for all J queries, so that the keys are read in address order; each block is one
+// vector multiply-add per component and query, accumulated in registers. Positions from `count` on are
+// computed and dropped (the keys have room: t0 + NB * kLanes <= length).
+template <int J, int NB>
+inline void score_blocks(const float* const* q, const float* keys, int64_t d, int64_t length, int64_t t0,
+                         int64_t count, float* const* scores) {
+  Vec acc[NB][J] = {};
+  for (int64_t i = 0; i < d; ++i) {
+    const float* row = keys + i * length + t0;
+    Vec rows[NB];
+    for (int c = 0; c < NB; ++c) rows[c] = load(row + c * kLanes);
+    for (int a = 0; a < J; ++a)
+      for (int c = 0; c < NB; ++c) acc[c][a] += rows[c] * q[a][i];
+  }
+  for (int c = 0; c < NB; ++c) {
+    const int64_t start = t0 + c * kLanes;
+    for (int a = 0; a < J; ++a) {
+      if (start + kLanes <= count) {
+        store(scores[a] + start, acc[c][a]);
+      } else if (start < count) {
+        float block[kLanes];
+        store(block, acc[c][a]);
+        std::copy(block, block + (count - start), scores[a] + start);
+      }
+    }
+  }
+}
+// scores[a][t] = q[a] . key_t for J queries and t < count (count <= length): whole blocks (also past
+// `count` where the keys have room), kBlocks at a time, then a scalar loop for the rest.
 template <int J>
 void scores_of(const float* const* q, const float* keys, int64_t d, int64_t length, int64_t count,
                float* const* scores) {
   int64_t t0 = 0;
-  // Whole blocks, also past `count` where the keys have room (those scores are computed and dropped).
-  for (; t0 < count && t0 + kLanes <= length; t0 += kLanes) {
-    Vec acc[J] = {};
-    for (int64_t i = 0; i < d; ++i) {
-      const Vec row = load(keys + i * length + t0);
-      for (int a = 0; a < J; ++a) acc[a] += row * q[a][i];
+  while (t0 < count && t0 + kLanes <= length) {
+    const int64_t blocks = std::min({kBlocks, (length - t0) / kLanes, (count - t0 + kLanes - 1) / kLanes});
+    switch (blocks) {
+      case 1: score_blocks<J, 1>(q, keys, d, length, t0, count, scores); break;
+      case 2: score_blocks<J, 2>(q, keys, d, length, t0, count, scores); break;
+      case 3: score_blocks<J, kBlocks >= 3 ? 3 : 1>(q, keys, d, length, t0, count, scores); break;
+      default: score_blocks<J, kBlocks>(q, keys, d, length, t0, count, scores); break;
     }
-    for (int a = 0; a < J; ++a) {
-      if (t0 + kLanes <= count) {
-        store(scores[a] + t0, acc[a]);
-      } else {
-        float block[kLanes];
-        store(block, acc[a]);
-        std::copy(block, block + (count - t0), scores[a] + t0);
-      }
-    }
+    t0 += blocks * kLanes;
   }
   for (int64_t t = t0; t < count; ++t)
     for (int a = 0; a < J; ++a) {
@@ -175,7 +202,6 @@ void scores_of(const float* const* q, const float* keys, int64_t d, int64_t leng
       scores[a][t] = acc;
     }
 }
-
 // The same for any number of queries, in groups of 4, 2 and 1.
 void scores_of_all(const float* const* q, int64_t queries, const float* keys, int64_t d, int64_t length,
                    int64_t count, float* const* scores) {
@@ -184,16 +210,30 @@ void scores_of_all(const float* const* q, int64_t queries, const float* keys, in
   for (; a + 2 <= queries; a += 2) scores_of<2>(q + a, keys, d, length, count, scores + a);
   for (; a < queries; ++a) scores_of<1>(q + a, keys, d, length, count, scores + a);
 }
-
-// out[0, dv) = sum over t < count of weights[t] * value_t, value_t = values(t) (a row of dv floats).
+// out[i0, i0 + C * kLanes) = sum over t < count of weights[t] * value_t[i0, ...): each position's C blocks
+// are one contiguous run of its value row, so that the values are read in address order.
+template <int C, typename Values>
+inline void weighted_blocks(const float* weights, Values values, int64_t count, int64_t i0, float* out) {
+  Vec acc[C] = {};
+  for (int64_t t = 0; t < count; ++t) {
+    const float* row = values(t) + i0;
+    for (int c = 0; c < C; ++c) acc[c] += load(row + c * kLanes) * weights[t];
+  }
+  for (int c = 0; c < C; ++c) store(out + i0 + c * kLanes, acc[c]);
+}
+// out[0, dv) = sum over t < count of weights[t] * value_t, value_t = values(t) (a row of dv floats):
+// whole blocks, 4 at a time, then a scalar loop for the rest.
 template <typename Values>
 inline void weighted_sum(const float* weights, Values values, int64_t count, int64_t dv, float* out) {
   int64_t i0 = 0;
-  for (; i0 + kLanes <= dv; i0 += kLanes) {
-    Vec acc = {};
-    for (int64_t t = 0; t < count; ++t) acc += load(values(t) + i0) * weights[t];
-    store(out + i0, acc);
+  for (; i0 + 4 * kLanes <= dv; i0 += 4 * kLanes) weighted_blocks<4>(weights, values, count, i0, out);
+  switch ((dv - i0) / kLanes) {
+    case 3: weighted_blocks<3>(weights, values, count, i0, out); break;
+    case 2: weighted_blocks<2>(weights, values, count, i0, out); break;
+    case 1: weighted_blocks<1>(weights, values, count, i0, out); break;
+    default: break;
   }
+  i0 += (dv - i0) / kLanes * kLanes;
   for (int64_t i = i0; i < dv; ++i) {
     float acc = 0.0f;
     for (int64_t t = 0; t < count; ++t) acc += weights[t] * values(t)[i];
@@ -291,6 +331,70 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                      op + ((r * j + a) * h + head) * dv);
       }
     }
+  }
+  return ffi::Error::Success();
+}
+
+// ---- The output layer's product for the few rows of a decoding step ----
+
+// Columns per panel: two vector registers. kernels/output_layer.py lays the [vocab, d] table out once
+// per batch as panels [ceil(vocab / kPanel), d, kPanel] (zeros past vocab), so that one panel's weights
+// are one contiguous run read in order, and each weight is loaded once for up to 8 rows.
+constexpr int64_t kPanel = 2 * kLanes;
+
+// Rows per pass over the panels: 2 accumulators a row, 16 of AVX-512's 32 vector registers, 8 of
+// AVX2's 16.
+constexpr int64_t kPanelRows = kLanes >= 16 ? 8 : 4;
+
+// out[m, p * kPanel + c] = sum over i of x[m, i] * panels[p, i, c], for M <= kPanelRows rows, the sum
+// in order of i.
+template <int M>
+void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, float* out, int64_t stride) {
+  for (int64_t p = 0; p < count; ++p) {
+    const float* w = panels + p * d * kPanel;
+    Vec acc[M][2] = {};
+    for (int64_t i = 0; i < d; ++i) {
+      const Vec w0 = load(w + i * kPanel), w1 = load(w + i * kPanel + kLanes);
+      for (int m = 0; m < M; ++m) {
+        const float xm = x[m * d + i];
+        acc[m][0] += w0 * xm;
+        acc[m][1] += w1 * xm;
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      store(out + m * stride + p * kPanel, acc[m][0]);
+      store(out + m * stride + p * kPanel + kLanes, acc[m][1]);
+    }
+  }
+}
+
+ffi::Error PanelMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                           ffi::ResultBuffer<ffi::F32> out) {
+  const auto xs = x.dimensions(), ps = panels.dimensions(), os = out->dimensions();
+  if (xs.size() != 2 || ps.size() != 3 || os.size() != 2)
+    return ffi::Error::InvalidArgument("aiayn_panel_matmul: expected x of rank 2, panels of rank 3");
+  const int64_t n = xs[0], d = xs[1], count = ps[0];
+  if (ps[1] != d || ps[2] != kPanel || os[0] != n || os[1] != count * kPanel)
+    return ffi::Error::InvalidArgument("aiayn_panel_matmul: shapes do not match (panels must be "
+                                       "[count, d, aiayn_panel_width()], out [n, count * width])");
+  const float* xp = x.typed_data();
+  const float* pp = panels.typed_data();
+  float* op = out->typed_data();
+  const int64_t stride = count * kPanel;
+  int64_t m0 = 0;
+  for (; m0 + kPanelRows <= n; m0 += kPanelRows)
+    panel_rows<kPanelRows>(xp + m0 * d, pp, d, count, op + m0 * stride, stride);
+  const float* xr = xp + m0 * d;
+  float* orow = op + m0 * stride;
+  switch (n - m0) {   // fewer than kPanelRows
+    case 7: panel_rows<7>(xr, pp, d, count, orow, stride); break;
+    case 6: panel_rows<6>(xr, pp, d, count, orow, stride); break;
+    case 5: panel_rows<5>(xr, pp, d, count, orow, stride); break;
+    case 4: panel_rows<4>(xr, pp, d, count, orow, stride); break;
+    case 3: panel_rows<3>(xr, pp, d, count, orow, stride); break;
+    case 2: panel_rows<2>(xr, pp, d, count, orow, stride); break;
+    case 1: panel_rows<1>(xr, pp, d, count, orow, stride); break;
+    default: break;
   }
   return ffi::Error::Success();
 }
@@ -433,6 +537,15 @@ ffi::Error BeamExtensionsImpl(ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32
 }
 
 }  // namespace
+
+// The panel width kernels/output_layer.py lays the table out in (read through ctypes).
+extern "C" int64_t aiayn_panel_width() { return kPanel; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynPanelMatmul, PanelMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynSlotAttention, SlotAttentionImpl,
                               ffi::Ffi::Bind()

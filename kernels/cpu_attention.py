@@ -36,7 +36,7 @@ import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention",
-           "aiayn_beam_extensions": "AiaynBeamExtensions"}
+           "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul"}
 
 
 FLAGS = ["-O3", "-std=c++17"]   # with -march=native: the vector width is this machine's (cpu_attention.cc)
@@ -92,7 +92,7 @@ def available() -> bool:
   if os.environ.get("AIAYN_CPU_ATTENTION", "1") == "0":
     return False
   try:
-    library = ctypes.cdll.LoadLibrary(str(build()))
+    library = _library()
   except (RuntimeError, OSError) as error:
     warnings.warn(f"kernels/cpu_attention.py: the C++ attention kernel is not available, decoding uses "
                   f"the XLA attention ({error})", stacklevel=2)
@@ -102,6 +102,40 @@ def available() -> bool:
   return True
 
 
+def _call(target, out, **attributes):
+  """jax.ffi.ffi_call of one of our targets, registering them first (RuntimeError where they cannot be)."""
+  if not available():
+    raise RuntimeError(f"kernels/cpu_attention.py: {target} is not available (see the warning above)")
+  return jax.ffi.ffi_call(target, out, **attributes)
+
+
+def _library():
+  return ctypes.cdll.LoadLibrary(str(build()))   # the same handle again once loaded
+
+
+@functools.lru_cache(maxsize=None)
+def panel_width() -> int:
+  """The columns per panel that panel_matmul reads (two of this CPU's vector registers of floats).
+  Registers the custom calls; raises RuntimeError where they are not available()."""
+  if not available():
+    raise RuntimeError("kernels/cpu_attention.py: the C++ kernels are not available (see the warning)")
+  width = _library().aiayn_panel_width
+  width.restype = ctypes.c_int64
+  return int(width())
+
+
+def panel_matmul(x, panels):
+  """x float32 [n, d] times weights laid out as panels float32 [count, d, panel_width()] (column
+  p * width + c of the [d, count * width] matrix at panels[p, :, c]) -> float32 [n, count * width].
+
+  For the few rows of a decoding step: one panel is one contiguous run of weights, each loaded once for
+  up to 8 rows. On one core, with the weights beyond the caches, XLA's dot of the output layer's shapes
+  ran at 33-66 GFLOP/s and this at 82-105 (benchmarks/notes/changes.md)."""
+  n, count = x.shape[0], panels.shape[0]
+  out = jax.ShapeDtypeStruct((n, count * panels.shape[2]), jnp.float32)
+  return _call("aiayn_panel_matmul", out)(x.astype(jnp.float32), panels)
+
+
 def slot_attention(q, k, v, slot, index):
   """q float32 [b, j, h, d] (already scaled by 1/sqrt(d)); k [b * s, h, d, L] (positions last) and
   v [b * s, h, L, dv] (row r * s + i: slot i of sentence r); slot int32 [b * j, L]: for query j of
@@ -109,7 +143,7 @@ def slot_attention(q, k, v, slot, index):
   Returns float32 [b, j, h, dv]."""
   b, j, h, _ = q.shape
   out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
-  return jax.ffi.ffi_call("aiayn_slot_attention", out)(
+  return _call("aiayn_slot_attention", out)(
       q.astype(jnp.float32), k, v, slot.astype(jnp.int32), jnp.asarray(index, jnp.int32))
 
 
@@ -119,7 +153,7 @@ def masked_attention(q, k, v, mask):
   positions."""
   b, j, h, _ = q.shape
   out = jax.ShapeDtypeStruct((b, j, h, v.shape[-1]), jnp.float32)
-  return jax.ffi.ffi_call("aiayn_masked_attention", out)(q.astype(jnp.float32), k, v, mask.astype(bool))
+  return _call("aiayn_masked_attention", out)(q.astype(jnp.float32), k, v, mask.astype(bool))
 
 
 
@@ -138,6 +172,6 @@ def beam_extensions(logits, alive_logp, mode, n, eos_id):
   """
   b, k = alive_logp.shape
   out = (jax.ShapeDtypeStruct((b, n), jnp.float32), jax.ShapeDtypeStruct((b, n), jnp.int32))
-  return jax.ffi.ffi_call("aiayn_beam_extensions", out)(
+  return _call("aiayn_beam_extensions", out)(
       logits.reshape(b, k, -1).astype(jnp.float32), alive_logp.astype(jnp.float32), mode.astype(jnp.int32),
       eos_id=np.int32(eos_id))

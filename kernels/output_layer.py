@@ -3,10 +3,16 @@
 The model computes logits as y @ table^T with the [vocab, d_model] table (the shared embedding). Inside
 the decoding loop XLA:CPU transposes that table at every step; transposed once before the loop (and
 rounded to the matmul dtype), the per-step matmul reads it as it lies.
+
+With the C++ kernels (float32), the table is laid out instead as the panels that
+kernels/cpu_attention.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
+times the beam), and XLA's dot streams an 8,000-column table slowly for so few.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
+
+from kernels import cpu_attention
 
 
 def decoding_kernel(table, *, dtype):
@@ -17,3 +23,23 @@ def decoding_kernel(table, *, dtype):
 def logits(y, kernel):
   """y [n, d_model] x kernel [d_model, vocab] -> float32 logits [n, vocab] (float32 accumulation)."""
   return jnp.dot(y.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+
+
+def panels(table, width: int):
+  """table float32 [vocab, d_model] -> panels [ceil(vocab / width), d_model, width]: panels[p, i, c] =
+  table[p * width + c, i], zeros past vocab."""
+  vocab, d = table.shape
+  count = -(-vocab // width)
+  padded = jnp.pad(table.astype(jnp.float32), ((0, count * width - vocab), (0, 0)))
+  return jnp.swapaxes(padded.reshape(count, width, d), 1, 2)
+
+
+def decoding_panels(table):
+  """decoding_kernel for the C++ path: the table as panel_matmul reads it (this CPU's panel width)."""
+  return panels(table, cpu_attention.panel_width())
+
+
+def panel_logits(y, kernel, *, vocab: int):
+  """y [n, d_model] x panels (decoding_panels) -> float32 logits [n, vocab]."""
+  out = cpu_attention.panel_matmul(y, kernel)
+  return out if out.shape[1] == vocab else out[:, :vocab]

@@ -85,10 +85,15 @@ def ops_for(cfg: TransformerConfig) -> Ops:
       # The C++ attention (one custom call per attention) where it built; float32 only.
       ffi = mixed is None and dtype == jnp.float32 and cpu_attention.available()
       return kind(**shape, matmul_dtype=mixed, ffi=ffi)
+    if mixed is None and dtype == jnp.float32 and cpu_attention.available():   # the C++ product
+      weights = output_layer.decoding_panels
+      logits = functools.partial(output_layer.panel_logits, vocab=cfg.vocab_size)
+    else:
+      weights = functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype)
+      logits = output_layer.logits
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
-               dropout=dropout16.Dropout, cache=cache,
-               decoding_weights=functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype),
-               decoding_logits=output_layer.logits, fused_loss=cfg.arch != "encoder_only",
+               dropout=dropout16.Dropout, cache=cache, decoding_weights=weights, decoding_logits=logits,
+               fused_loss=cfg.arch != "encoder_only",
                beam_extensions=cpu_attention.beam_extensions if cpu_attention.available() else None)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=plain_cache,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import cpu_attention, dropout16, flat_matmul
+from kernels import cpu_attention, dropout16, flat_matmul, output_layer
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import ops_for
 
@@ -217,6 +217,33 @@ def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
   assert ops_for(cfg).beam_extensions is cpu_attention.beam_extensions
   assert ops_for(cfg.replace(matmul_dtype="bfloat16")).beam_extensions is cpu_attention.beam_extensions
   assert ops_for(cfg.replace(kernels="reference")).beam_extensions is None
+  # The output layer's product too, in float32; mixed precision keeps XLA's dot on the rounded table.
+  assert ops_for(cfg).decoding_weights is output_layer.decoding_panels
+  assert ops_for(cfg.replace(matmul_dtype="bfloat16")).decoding_weights.func is output_layer.decoding_kernel
+
+
+def test_output_layer_panels_hold_the_table_by_columns_with_zeros_past_the_vocabulary():
+  table = jnp.arange(7 * 3, dtype=jnp.float32).reshape(7, 3)          # vocab 7, d_model 3
+  panels = np.asarray(output_layer.panels(table, 4))
+  assert panels.shape == (2, 3, 4)
+  for p in range(2):
+    for c in range(4):
+      want = table[p * 4 + c] if p * 4 + c < 7 else np.zeros(3)
+      np.testing.assert_array_equal(panels[p, :, c], want)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 17, 64])         # rests of every size, passes of 8 (or 4)
+@pytest.mark.parametrize("d, vocab", [(5, 1), (64, 100), (32, 8000)])
+def test_panel_matmul_is_the_output_layer_product(n, d, vocab):
+  rng = np.random.default_rng(n * 1000 + vocab)
+  y = rng.standard_normal((n, d)).astype(np.float32)
+  table = rng.standard_normal((vocab, d)).astype(np.float32)
+  got = np.asarray(jax.jit(functools.partial(output_layer.panel_logits, vocab=vocab))(
+      y, output_layer.decoding_panels(table)))
+  assert got.shape == (n, vocab)
+  np.testing.assert_allclose(got, y.astype(np.float64) @ table.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+  with pytest.raises(Exception, match="shapes do not match"):     # a layout of another width
+    jax.block_until_ready(cpu_attention.panel_matmul(y, output_layer.panels(table, 2 * cpu_attention.panel_width())))
 
 
 def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
@@ -236,7 +263,9 @@ def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
     assert done.returncode == 0, f"{level}: {done.stderr[-1500:]}"
 
 
-@pytest.mark.parametrize("d, dv, length", [(8, 6, 7), (32, 32, 41)])   # below a vector; blocks and rests
+# Below a vector; blocks and rests; several runs of up to 4 blocks (positions 0-63, 64-95, then a rest)
+# and values of 5 blocks (4, then 1).
+@pytest.mark.parametrize("d, dv, length", [(8, 6, 7), (32, 32, 41), (64, 80, 100)])
 def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index(d, dv, length):
   rng = np.random.default_rng(5)
   b, j, h = 3, 4, 2
@@ -246,7 +275,7 @@ def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index(d, 
   slot = rng.integers(0, j, (b * j, length)).astype(np.int32)
   run = jax.jit(cpu_attention.slot_attention)
   keys_last = np.swapaxes(k, 2, 3)                                                  # [n, h, d, L]
-  for index in (0, 3, length // 2, length - 1):
+  for index in (0, 3, 40, length // 2, length - 1):   # 40: a run of 3 blocks
     got = np.asarray(run(q, keys_last, v, slot, index))
     # Query a of sentence r reads position t from row r * j + slot[r * j + a, t].
     rows = np.arange(b)[:, None, None] * j + slot.reshape(b, j, length)             # [b, j, L]
@@ -260,7 +289,7 @@ def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index(d, 
   np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("d, src", [(8, 5), (32, 37)])   # below a vector; blocks and rests
+@pytest.mark.parametrize("d, src", [(8, 5), (32, 37), (64, 100)])   # below a vector; blocks and rests
 def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row(d, src):
   rng = np.random.default_rng(6)
   b, j, h = 3, 2, 2
@@ -291,6 +320,7 @@ def test_cpu_attention_build_failure_is_reported_and_decoding_falls_back(monkeyp
       assert not cpu_attention.available()
     assert not ops_for(SMALL.replace(kernels="cpu")).cache(True).ffi
     assert ops_for(SMALL.replace(kernels="cpu")).beam_extensions is None
+    assert ops_for(SMALL.replace(kernels="cpu")).decoding_weights.func is output_layer.decoding_kernel
   finally:
     cpu_attention.available.cache_clear()
 
