@@ -209,3 +209,29 @@ def test_report_renders_trees_and_kv_cache_results(tmp_path):
   assert "After / before: 2.000x" in page and "(1.900-2.100)" in page
   assert "| MQA | 1 | 12.00 | 600 | 590-610 | 1.50x |" in page
   assert "Source: `benchmarks/results/kv_cache.json`" in page
+
+
+def test_anatomy_output_ablation_takes_an_eighth_of_the_table_the_model_reads(monkeypatch):
+  """decode_anatomy's "output" variant must cut the product that float32 CPU decoding runs (the panels of
+  kernels/output_layer.py), not only the XLA dot it replaced."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from benchmarks.systems import ours_parts
+  from kernels import cpu_attention, output_layer
+  from model import TransformerConfig
+  from model.ops import ops_for
+  monkeypatch.setattr(output_layer, "logits", output_layer.logits)            # restored afterwards
+  monkeypatch.setattr(output_layer, "panel_logits", output_layer.panel_logits)
+  cfg = TransformerConfig(vocab_size=1000, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=1, kernels="cpu")
+  assert cpu_attention.available()
+  table = jnp.asarray(np.random.default_rng(0).standard_normal((1000, 16)), jnp.float32)
+  y = jnp.ones((3, 16), jnp.float32)
+  whole = ops_for(cfg).decoding_logits(y, ops_for(cfg).decoding_weights(table))
+  ours_parts._ablate("output")
+  cut = np.asarray(ops_for(cfg).decoding_logits(y, ops_for(cfg).decoding_weights(table)))
+  width = cpu_attention.panel_width() * (-(-1000 // cpu_attention.panel_width()) // 8)
+  assert cut.shape == (3, 1000)
+  np.testing.assert_allclose(cut[:, :width], np.asarray(whole)[:, :width], rtol=1e-6)
+  np.testing.assert_array_equal(cut[:, width:2 * width], cut[:, :width])    # repeated, not computed

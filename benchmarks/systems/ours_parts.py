@@ -31,9 +31,16 @@ def _ablate(part: str | None) -> None:
     decode_cache.BeamSlotCache.attend_self = attend_self
   elif part == "cross":
     decode_cache.HeadMajorCache.attend_cross = lambda self, attend, q, keys, values, mask: q
-  elif part == "output":
+  elif part == "output":   # either layout of the table (model/ops.py picks one)
     full = output_layer.logits
     output_layer.logits = lambda y, kernel: jnp.tile(full(y, kernel[:, :kernel.shape[1] // 8]), (1, 8))
+    panels = output_layer.panel_logits
+
+    def eighth_of_the_panels(y, kernel, *, vocab):
+      some = kernel[:max(1, kernel.shape[0] // 8)]
+      logits = panels(y, some, vocab=some.shape[0] * some.shape[2])
+      return jnp.tile(logits, (1, -(-vocab // logits.shape[1])))[:, :vocab]
+    output_layer.panel_logits = eighth_of_the_panels
   else:
     raise ValueError(f"ablate={part!r}: expected None, 'self', 'cross' or 'output'")
 
