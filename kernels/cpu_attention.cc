@@ -11,7 +11,7 @@
 //   aiayn_masked_attention(q [b, j, h, d], k [b, h, d, S], v [b, h, S, dv], mask pred [b, S])
 //     -> [b, j, h, dv]
 //     The j queries of sentence r attend to the source positions where mask[r] is true.
-//   aiayn_panel_matmul(x [n, d], panels [count, d, width]) -> [n, count * width]
+//   aiayn_panel_matmul(x [n, d], panels [count, d, width]) -> [n, columns], columns <= count * width
 //     The output layer's product for a decoding step's few rows, the weights laid out in panels.
 //   aiayn_beam_extensions(logits [b, k, vocab], alive [b, k], mode int32 [b], attribute eos_id)
 //     -> (values [b, n], flat indices int32 [b, n])
@@ -347,9 +347,9 @@ constexpr int64_t kPanel = 2 * kLanes;
 constexpr int64_t kPanelRows = kLanes >= 16 ? 8 : 4;
 
 // out[m, p * kPanel + c] = sum over i of x[m, i] * panels[p, i, c], for M <= kPanelRows rows, the sum
-// in order of i.
+// in order of i; out has `columns` columns (the last panel's past them are dropped).
 template <int M>
-void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, float* out, int64_t stride) {
+void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, float* out, int64_t columns) {
   for (int64_t p = 0; p < count; ++p) {
     const float* w = panels + p * d * kPanel;
     Vec acc[M][2] = {};
@@ -361,9 +361,18 @@ void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, f
         acc[m][1] += w1 * xm;
       }
     }
+    const int64_t start = p * kPanel;
     for (int m = 0; m < M; ++m) {
-      store(out + m * stride + p * kPanel, acc[m][0]);
-      store(out + m * stride + p * kPanel + kLanes, acc[m][1]);
+      float* row = out + m * columns + start;
+      if (start + kPanel <= columns) {
+        store(row, acc[m][0]);
+        store(row + kLanes, acc[m][1]);
+      } else {
+        float block[kPanel];
+        store(block, acc[m][0]);
+        store(block + kLanes, acc[m][1]);
+        std::copy(block, block + (columns - start), row);
+      }
     }
   }
 }
@@ -374,26 +383,28 @@ ffi::Error PanelMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels
   if (xs.size() != 2 || ps.size() != 3 || os.size() != 2)
     return ffi::Error::InvalidArgument("aiayn_panel_matmul: expected x of rank 2, panels of rank 3");
   const int64_t n = xs[0], d = xs[1], count = ps[0];
-  if (ps[1] != d || ps[2] != kPanel || os[0] != n || os[1] != count * kPanel)
+  const int64_t columns = os[1];
+  if (ps[1] != d || ps[2] != kPanel || os[0] != n || columns > count * kPanel ||
+      columns <= (count - 1) * kPanel)
     return ffi::Error::InvalidArgument("aiayn_panel_matmul: shapes do not match (panels must be "
-                                       "[count, d, aiayn_panel_width()], out [n, count * width])");
+                                       "[count, d, aiayn_panel_width()], out [n, columns] with columns "
+                                       "in the last panel)");
   const float* xp = x.typed_data();
   const float* pp = panels.typed_data();
   float* op = out->typed_data();
-  const int64_t stride = count * kPanel;
   int64_t m0 = 0;
   for (; m0 + kPanelRows <= n; m0 += kPanelRows)
-    panel_rows<kPanelRows>(xp + m0 * d, pp, d, count, op + m0 * stride, stride);
+    panel_rows<kPanelRows>(xp + m0 * d, pp, d, count, op + m0 * columns, columns);
   const float* xr = xp + m0 * d;
-  float* orow = op + m0 * stride;
+  float* orow = op + m0 * columns;
   switch (n - m0) {   // fewer than kPanelRows
-    case 7: panel_rows<7>(xr, pp, d, count, orow, stride); break;
-    case 6: panel_rows<6>(xr, pp, d, count, orow, stride); break;
-    case 5: panel_rows<5>(xr, pp, d, count, orow, stride); break;
-    case 4: panel_rows<4>(xr, pp, d, count, orow, stride); break;
-    case 3: panel_rows<3>(xr, pp, d, count, orow, stride); break;
-    case 2: panel_rows<2>(xr, pp, d, count, orow, stride); break;
-    case 1: panel_rows<1>(xr, pp, d, count, orow, stride); break;
+    case 7: panel_rows<7>(xr, pp, d, count, orow, columns); break;
+    case 6: panel_rows<6>(xr, pp, d, count, orow, columns); break;
+    case 5: panel_rows<5>(xr, pp, d, count, orow, columns); break;
+    case 4: panel_rows<4>(xr, pp, d, count, orow, columns); break;
+    case 3: panel_rows<3>(xr, pp, d, count, orow, columns); break;
+    case 2: panel_rows<2>(xr, pp, d, count, orow, columns); break;
+    case 1: panel_rows<1>(xr, pp, d, count, orow, columns); break;
     default: break;
   }
   return ffi::Error::Success();

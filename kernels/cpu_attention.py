@@ -102,10 +102,15 @@ def available() -> bool:
   return True
 
 
-def _call(target, out, **attributes):
-  """jax.ffi.ffi_call of one of our targets, registering them first (RuntimeError where they cannot be)."""
+def _require(what: str) -> None:
+  """Registers the custom calls (available()); RuntimeError naming `what` where they cannot be."""
   if not available():
-    raise RuntimeError(f"kernels/cpu_attention.py: {target} is not available (see the warning above)")
+    raise RuntimeError(f"kernels/cpu_attention.py: {what} is not available (see the warning above)")
+
+
+def _call(target, out, **attributes):
+  """jax.ffi.ffi_call of one of our targets, registering them first."""
+  _require(target)
   return jax.ffi.ffi_call(target, out, **attributes)
 
 
@@ -117,22 +122,22 @@ def _library():
 def panel_width() -> int:
   """The columns per panel that panel_matmul reads (two of this CPU's vector registers of floats).
   Registers the custom calls; raises RuntimeError where they are not available()."""
-  if not available():
-    raise RuntimeError("kernels/cpu_attention.py: the C++ kernels are not available (see the warning)")
+  _require("aiayn_panel_width")
   width = _library().aiayn_panel_width
   width.restype = ctypes.c_int64
   return int(width())
 
 
-def panel_matmul(x, panels):
+def panel_matmul(x, panels, columns=None):
   """x float32 [n, d] times weights laid out as panels float32 [count, d, panel_width()] (column
-  p * width + c of the [d, count * width] matrix at panels[p, :, c]) -> float32 [n, count * width].
+  p * width + c of the [d, count * width] matrix at panels[p, :, c]) -> float32 [n, columns]: the first
+  `columns` of the product (default all; the rest of the last panel, its padding, is not written).
 
   For the few rows of a decoding step: one panel is one contiguous run of weights, each loaded once for
   up to 8 rows. On one core, with the weights beyond the caches, XLA's dot of the output layer's shapes
   ran at 33-66 GFLOP/s and this at 82-105 (benchmarks/notes/changes.md)."""
-  n, count = x.shape[0], panels.shape[0]
-  out = jax.ShapeDtypeStruct((n, count * panels.shape[2]), jnp.float32)
+  columns = panels.shape[0] * panels.shape[2] if columns is None else columns
+  out = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)
   return _call("aiayn_panel_matmul", out)(x.astype(jnp.float32), panels)
 
 

@@ -78,14 +78,15 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   # with the plain cache: the CPU caches lay out num_heads heads and attend without a bias.
   plain_cache = lambda beam_slots: KVCache(**dict(shape, num_heads=cfg.kv_heads))
   if kernels.resolve(cfg.kernels) == "cpu":
+    # The C++ attention (one custom call per attention) and output layer where they built; float32 only.
+    ffi = mixed is None and dtype == jnp.float32 and cpu_attention.available()
+
     def cache(beam_slots):
       if not cfg.is_paper_family:
         return plain_cache(beam_slots)
       kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
-      # The C++ attention (one custom call per attention) where it built; float32 only.
-      ffi = mixed is None and dtype == jnp.float32 and cpu_attention.available()
       return kind(**shape, matmul_dtype=mixed, ffi=ffi)
-    if mixed is None and dtype == jnp.float32 and cpu_attention.available():   # the C++ product
+    if ffi:
       weights = output_layer.decoding_panels
       logits = functools.partial(output_layer.panel_logits, vocab=cfg.vocab_size)
     else:
