@@ -6,7 +6,8 @@ rounded to the matmul dtype), the per-step matmul reads it as it lies.
 
 With the C++ kernels (float32), the table is laid out instead as the panels that
 kernels/cpu_attention.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
-times the beam), and XLA's dot streams an 8,000-column table slowly for so few.
+times the beam), and XLA's dot streams an 8,000-column table slowly for so few. The decoder's other kernels are laid out
+the same way (kernel_panels, model/dense.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def panels(table, width: int):
 def decoding_panels(table):
   """decoding_kernel for the C++ path: the table as panel_matmul reads it (this CPU's panel width)."""
   return panels(table, cpu_attention.panel_width())
+
+
+def kernel_panels(kernel):
+  """A dense layer's kernel [d_in, d_out] as the panels of x @ kernel (model/dense.py's decoding path)."""
+  return decoding_panels(jnp.swapaxes(kernel, 0, 1))
 
 
 def panel_logits(y, kernel, *, vocab: int):

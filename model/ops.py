@@ -39,6 +39,8 @@ class Ops:
   cache: beam_slots -> the decoding cache (model.cache.KVCache's methods).
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
   batch from the [vocab, d_model] table), and decoder outputs [n, d_model] x those -> float32 logits.
+  layer_panels: None, or how a decoding step's other kernels are laid out once per batch ([d_in, d_out]
+  -> panels, model/dense.py): the C++ path in float32, like the output layer's decoding_weights.
   fused_loss: train/ may fuse the output layer with the loss (kernels/fused_loss.py).
   beam_extensions: how a beam search step picks its candidates (decode.beam_search.select_extensions'
   signature): None for the XLA ops, kernels/cpu_attention.beam_extensions's custom call on the CPU path.
@@ -53,6 +55,7 @@ class Ops:
   decoding_logits: Callable
   fused_loss: bool
   beam_extensions: Callable | None = None
+  layer_panels: Callable | None = None
 
   @property
   def float32_dot_general(self):
@@ -89,13 +92,15 @@ def ops_for(cfg: TransformerConfig) -> Ops:
     if ffi:
       weights = output_layer.decoding_panels
       logits = functools.partial(output_layer.panel_logits, vocab=cfg.vocab_size)
+      layer_panels = output_layer.kernel_panels
     else:
       weights = functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype)
-      logits = output_layer.logits
+      logits, layer_panels = output_layer.logits, None
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout, cache=cache, decoding_weights=weights, decoding_logits=logits,
                fused_loss=cfg.arch != "encoder_only",
-               beam_extensions=cpu_attention.beam_extensions if cpu_attention.available() else None)
+               beam_extensions=cpu_attention.beam_extensions if cpu_attention.available() else None,
+               layer_panels=layer_panels)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, cache=plain_cache,
              decoding_weights=lambda table: table,

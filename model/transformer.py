@@ -130,9 +130,9 @@ class Decoder(nn.Module):
     """Per layer, the cross-attention keys and values of enc_out, stored as the cache `kv` reads them."""
     return [kv.prepare_cross(*layer.cross_attention.project_kv(enc_out)) for layer in self.layers]
 
-  def step(self, ids, cache, cross, src_mask, kv):
+  def step(self, ids, cache, cross, src_mask, kv, panels=None):
     """ids int32 [n] at position cache['index']; kv: the decoding cache object (model/cache.py) that
-    made `cache`. Returns (outputs [n, d_model], new cache)."""
+    made `cache`; panels: None, or `decoding_panels`. Returns (outputs [n, d_model], new cache)."""
     index = cache["index"][0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
     key_mask = None
@@ -156,12 +156,17 @@ class Decoder(nn.Module):
       new_cache["offset"] = cache["offset"]
     new_layers = []
     cross = cross if cross is not None else [None] * len(self.layers)
-    for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
+    panels = panels if panels is not None else [None] * len(self.layers)
+    for layer, layer_cache, layer_cross, layer_panels in zip(self.layers, cache["layers"], cross, panels):
       x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, kv, context,
-                                      positions, bias, key_mask)
+                                      positions, bias, key_mask, layer_panels)
       new_layers.append(new_layer_cache)
     new_cache["layers"] = new_layers
     return self._finish(x)[:, 0], new_cache
+
+  def decoding_panels(self, layout):
+    """Per layer, the kernels a decoding step multiplies by, laid out by `layout` (model/dense.py)."""
+    return [layer.decoding_panels(layout) for layer in self.layers]
 
 
 class Transformer(nn.Module):
@@ -260,12 +265,15 @@ class Transformer(nn.Module):
   def prepare_decoding(self, enc_out):
     """What every decoding step reads and nothing changes, computed once per batch: per decoder layer
     the cross-attention keys and values of enc_out [b, src_len, d_model] ('cross', laid out as the
-    decoding cache reads them), and the pre-softmax weights ('output')."""
+    decoding cache reads them), the pre-softmax weights ('output') and, on the C++ path, the kernels
+    laid out as panels ('panels', model/dense.py)."""
     ops = ops_for(self.cfg)
-    if self.cfg.arch == "decoder_only":   # nothing to cross-attend to; enc_out may be None
-      return {"output": ops.decoding_weights(self.output_table())}
-    return {"cross": self.decoder.cross_kv(enc_out, ops.cache(False)),   # same for every cache kind
-            "output": ops.decoding_weights(self.output_table())}
+    memory = {"output": ops.decoding_weights(self.output_table())}
+    if ops.layer_panels is not None:
+      memory["panels"] = self.decoder.decoding_panels(ops.layer_panels)
+    if self.cfg.arch != "decoder_only":   # else nothing to cross-attend to; enc_out may be None
+      memory["cross"] = self.decoder.cross_kv(enc_out, ops.cache(False))   # same for every cache kind
+    return memory
 
   def prefill(self, prompt, cache, memory):
     """Decoder-only: a prompt int [n, P] (left-padded with 0) in one cached pass. Returns (logits
@@ -281,7 +289,7 @@ class Transformer(nn.Module):
     """
     ops = ops_for(self.cfg)
     y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
-                                 ops.cache("slot_history" in cache))
+                                 ops.cache("slot_history" in cache), memory.get("panels"))
     return ops.decoding_logits(y, memory["output"]), cache
 
 

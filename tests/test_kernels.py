@@ -16,6 +16,7 @@ import pytest
 import kernels
 from kernels import cpu_attention, dropout16, flat_matmul, output_layer
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
+from model.dense import Dense, DenseGeneral
 from model.ops import ops_for
 
 SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -165,6 +166,7 @@ def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam
   src = _ids(rng, (2, 6)).at[0, 4:].set(0)
   reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
   params = Transformer(reference).init(jax.random.key(0), src, src)["params"]
+  params = jax.tree.map(lambda p: p + 0.05, params)                  # biases that are not zero
   want = _greedy_logits(reference, params, src, 5, beam_slots, hyps=3)
   got = _greedy_logits(reference.replace(kernels="cpu"), params, src, 5, beam_slots, hyps=3)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -244,6 +246,67 @@ def test_panel_matmul_is_the_output_layer_product(n, d, vocab):
   np.testing.assert_allclose(got, y.astype(np.float64) @ table.T.astype(np.float64), rtol=1e-5, atol=1e-4)
   with pytest.raises(Exception, match="shapes do not match"):     # a layout of another width
     jax.block_until_ready(cpu_attention.panel_matmul(y, output_layer.panels(table, 2 * cpu_attention.panel_width())))
+
+
+@pytest.mark.parametrize("make, x_shape", [
+    (lambda: Dense(37), (3, 1, 20)),                                     # d_out not a whole panel
+    (lambda: Dense(64, use_bias=False), (9, 20)),
+    (lambda: DenseGeneral((4, 8)), (5, 1, 20)),                          # attention's query, key, value
+    (lambda: DenseGeneral(20, axis=(-2, -1)), (2, 3, 4, 8)),             # attention's out
+])
+def test_dense_layers_on_their_panels_equal_their_plain_call(make, x_shape):
+  """model/dense.py: same parameters as flax's layers, and the same product (with the bias) on panels."""
+  rng = np.random.default_rng(len(x_shape))
+  x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+  module = make()
+  flax_module = (nn.Dense if isinstance(module, Dense) else nn.DenseGeneral)(
+      **{f: getattr(module, f) for f in ("features", "use_bias")},
+      **({} if isinstance(module, Dense) else {"axis": module.axis}))
+  variables = module.init(jax.random.key(1), x)
+  jax.tree.map(np.testing.assert_array_equal, variables, flax_module.init(jax.random.key(1), x))
+  variables = jax.tree.map(lambda v: v + 0.5, variables)             # a bias that is not zero
+  panels = module.apply(variables, output_layer.kernel_panels, method="decoding_panels")
+  assert panels.shape[2] == cpu_attention.panel_width()
+  want = flax_module.apply(variables, x)
+  got = jax.jit(lambda v, x, p: module.apply(v, x, p))(variables, x, panels)
+  assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="trailing axes"):
+    DenseGeneral(8, axis=0).apply({"params": {"kernel": jnp.zeros((3, 8))}}, output_layer.kernel_panels,
+                                  method="decoding_panels")
+
+
+def _panel_products(cfg, src):
+  """How many C++ panel products one decode_step runs (in its compiled HLO), and the decoding memory."""
+  model = Transformer(cfg)
+  params = model.init(jax.random.key(0), src, src)["params"]
+  variables = {"params": params}
+  memory = model.apply(variables, None if cfg.arch == "decoder_only" else
+                       model.apply(variables, src, method="encode"), method="prepare_decoding")
+  cache = init_cache(cfg, src.shape[0], 8)
+  step = jax.jit(lambda ids, cache: model.apply(variables, ids, cache, memory,
+                                                None if cfg.arch == "decoder_only" else src != 0,
+                                                method="decode_step"))
+  hlo = step.lower(src[:, 0], cache).as_text()
+  return hlo.count("aiayn_panel_matmul"), memory
+
+
+@pytest.mark.parametrize("changes, per_layer", [
+    ({}, 4 + 2 + 2),                                                   # self q k v out, cross q out, FFN
+    (dict(arch="decoder_only", activation="swiglu", num_kv_heads=2), 4 + 3),
+])
+def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_layer):
+  """On the C++ path a step multiplies by every decoder kernel laid out once per batch (and the output
+  layer); cross-attention's keys and values stay out (computed once); mixed precision keeps XLA's dots."""
+  src = _ids(np.random.default_rng(0), (2, 5))
+  cfg = SMALL.replace(kernels="cpu", **changes)
+  count, memory = _panel_products(cfg, src)
+  assert count == per_layer * cfg.num_decoder_layers + 1
+  assert len(memory["panels"]) == cfg.num_decoder_layers
+  assert set(memory["panels"][0].get("cross_attention", {})) <= {"query", "out"}
+  count, memory = _panel_products(cfg.replace(matmul_dtype="bfloat16"), src)
+  assert count == 0 and "panels" not in memory
+  assert _panel_products(cfg.replace(kernels="reference"), src)[0] == 0
 
 
 def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):

@@ -1,0 +1,73 @@
+"""Dense layers that a decoding step can run on their kernels laid out in panels.
+
+A decoding step multiplies a few rows (a device's sentences times the beam) by every kernel of the
+decoder. XLA's dot streams a kernel slowly for so few rows; read as it lies, a [d_in, d_out] kernel is a
+stride of d_out floats from one weight to the next a row uses (4 KB for the FFN's d_ff = 1,024), which the
+caches serve badly. Laid out as panels (kernels/output_layer.panels, the output layer's layout), each
+weight is read once, in order, for up to 8 rows. On one core, with the weights beyond the caches, 32 rows
+x 256 x 1,024 took 204 us with XLA's dot, 631 us read with that stride and 150-170 us on panels
+(benchmarks/notes/changes.md).
+
+These are flax's nn.Dense and nn.DenseGeneral, with the same parameters and the same results when called
+as usual. `decoding_panels(layout)` lays out the kernel once per batch (Transformer.prepare_decoding keeps
+it in the decoding memory, on the C++ path of model/ops.py only), and `__call__(x, panels)` multiplies
+by it with the C++ panel product of kernels/cpu_attention.py.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import flax.linen as nn
+
+from kernels import cpu_attention
+
+
+def _panel_product(module, x, panels, contracted: int, features: tuple):
+  """x [..., *contracted axes] times the module's kernel as panels, plus its bias -> [..., *features]."""
+  lead = x.shape[:x.ndim - contracted]
+  rows = x.reshape(math.prod(lead), -1)                                        # [n, d_in]
+  y = cpu_attention.panel_matmul(rows, panels, math.prod(features))           # float32 [n, d_out]
+  if module.use_bias:
+    y = y + module.get_variable("params", "bias").reshape(-1)
+  return y.reshape(lead + features).astype(module.dtype)
+
+
+def _layout(module, contracted: int, layout: Callable):
+  kernel = module.get_variable("params", "kernel")
+  d_in = math.prod(kernel.shape[:contracted])
+  return layout(kernel.reshape(d_in, -1))
+
+
+class Dense(nn.Dense):
+  """nn.Dense, which a decoding step can also run on `decoding_panels`."""
+
+  def __call__(self, x, panels=None):
+    if panels is None:
+      return super().__call__(x)
+    return _panel_product(self, x, panels, 1, (self.features,))
+
+  def decoding_panels(self, layout: Callable):
+    """layout (model/ops.py's Ops.layer_panels) applied to the kernel [d_in, d_out]."""
+    return _layout(self, 1, layout)
+
+
+class DenseGeneral(nn.DenseGeneral):
+  """nn.DenseGeneral over trailing axes, which a decoding step can also run on `decoding_panels`."""
+
+  def _contracted(self) -> int:
+    axes = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+    if self.batch_dims or sorted(axes) != list(range(-len(axes), 0)):
+      raise ValueError(f"model/dense.py: panels need the trailing axes contracted and no batch_dims, "
+                       f"not axis={self.axis}, batch_dims={self.batch_dims}")
+    return len(axes)
+
+  def __call__(self, x, panels=None):
+    if panels is None:
+      return super().__call__(x)
+    features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    return _panel_product(self, x, panels, self._contracted(), features)
+
+  def decoding_panels(self, layout: Callable):
+    """layout (model/ops.py's Ops.layer_panels) applied to the kernel as a matrix [d_in, d_out]."""
+    return _layout(self, self._contracted(), layout)
