@@ -68,6 +68,8 @@ def render_run(r: dict) -> str:
   """Markdown for one benchmarks/results/throughput*.json."""
   m, a, v = r["machine"], r["args"], r["versions"]
   title = f"default experiment's model (--preset {r['preset']})" if r.get("preset") else "benchmark model"
+  if r["args"].get("isa", "native") != "native":
+    title += f", every system capped at {r['args']['isa'].upper()} (--isa {r['args']['isa']})"
   out = [f"## Throughput, {title}: {r['date']}", ""]
   if r.get("note"):
     out += [f"> {r['note']}", ""]

@@ -73,6 +73,9 @@ def parse_args(argv=None):
                  help="another checkout of this repository: its float32 training and decoding run as the "
                       "extra system ours_baseline, in the same rounds, so a change is measured side by side")
   p.add_argument("--setup_timeout", type=float, default=1800.0, help="seconds a system may take to set up")
+  p.add_argument("--isa", default="native", choices=sorted(ISA_ENV),
+                 help="avx2: every system, the matmul peak included, capped at AVX2 (on an AVX-512 host: "
+                      "what an AVX2-only CPU of the same cores would run)")
   p.add_argument("--note", default="", help="a line for the performance page, e.g. the machine's state")
   p.add_argument("--out", default=None, help="default: benchmarks/results/throughput[-PRESET].json")
   args = p.parse_args(argv)
@@ -80,7 +83,8 @@ def parse_args(argv=None):
     for key, value in PRESETS[args.preset].items():
       setattr(args, key, value)
   if args.out is None:
-    args.out = str(RESULTS / f"throughput{'-' + args.preset if args.preset else ''}.json")
+    suffix = "".join(f"-{x}" for x in (args.preset, args.isa if args.isa != "native" else None) if x)
+    args.out = str(RESULTS / f"throughput{suffix}.json")
   return args
 
 
@@ -137,12 +141,27 @@ DECODE_PAIRS = [(o, p) for o in ("ours", "ours_bf16") for p in ("hf", "hf_compil
     ("ours", "ours_baseline"), ("ours_baseline", "ct2")]
 
 
-def xla_env(devices: int) -> dict:
-  """XLA_FLAGS for our worker: `devices` host devices (1: XLA's default), other flags kept."""
+# --isa: what caps each system's instruction set. XLA's generated code takes --xla_cpu_max_isa (in
+# xla_env); the libraries each read their own variable.
+ISA_ENV = {
+    "native": {},
+    "avx2": {"AIAYN_CPU_MARCH": "x86-64-v3",       # our C++ kernels (kernels/cpu_attention.py)
+             "ATEN_CPU_CAPABILITY": "avx2",        # PyTorch's own kernels
+             "ONEDNN_MAX_CPU_ISA": "AVX2",         # oneDNN (PyTorch, CTranslate2)
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2",    # MKL's GEMM (PyTorch, CTranslate2)
+             "CT2_FORCE_CPU_ISA": "AVX2"},         # CTranslate2's own kernels
+}
+
+
+def xla_env(devices: int, isa: str = "native") -> dict:
+  """XLA_FLAGS for our worker: `devices` host devices (1: XLA's default), the --isa cap, other flags
+  kept."""
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if "host_platform_device_count" not in f)
+                   if "host_platform_device_count" not in f and "xla_cpu_max_isa" not in f)
   if devices > 1:
     flags += f" --xla_force_host_platform_device_count={devices}"
+  if isa != "native":
+    flags += f" --xla_cpu_max_isa={isa.upper()}"
   return {"XLA_FLAGS": flags.strip()}
 
 
@@ -152,7 +171,9 @@ def run_part(systems, tasks_of, base_spec: dict, args, log_dir) -> tuple[dict, d
   workers = []
   for name, module, options in systems:
     tasks = tasks_of(name)
-    env = xla_env((os.cpu_count() or 1) if "greedy" in tasks else 1) if module == OURS else {}
+    env = dict(ISA_ENV[args.isa])
+    if module == OURS:
+      env.update(xla_env((os.cpu_count() or 1) if "greedy" in tasks else 1, args.isa))
     tree = args.baseline if name == "ours_baseline" else harness.REPO
     workers.append(harness.Worker(name, module, dict(base_spec, **options, tasks=tasks), env, tree))
   harness.start(workers, log_dir, args.setup_timeout)

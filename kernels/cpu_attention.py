@@ -39,7 +39,10 @@ TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention
            "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul"}
 
 
-FLAGS = ["-O3", "-std=c++17"]   # with -march=native: the vector width is this machine's (cpu_attention.cc)
+# With -march=native the vector width is this machine's (cpu_attention.cc); AIAYN_CPU_MARCH names another
+# target, e.g. x86-64-v3 (AVX2) to run an AVX2 machine's code on an AVX-512 one (benchmarks/throughput.py
+# --isa avx2).
+FLAGS = ["-O3", "-std=c++17"]
 
 
 def _cache_dir() -> pathlib.Path:
@@ -69,7 +72,8 @@ def build(compiler: str | None = None) -> pathlib.Path:
   compiler = compiler or find_compiler()
   if not compiler:
     raise RuntimeError("no C++ compiler (c++ or g++, or $CXX) on the PATH")
-  flags = [*FLAGS, "-march=native", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
+  flags = [*FLAGS, f"-march={os.environ.get('AIAYN_CPU_MARCH') or 'native'}", "-shared", "-fPIC",
+           f"-I{jax.ffi.include_dir()}"]
   key = hashlib.sha256("\n".join([SOURCE.read_text(), jax.lib.__version__, _cpu_flags(), compiler, *flags])
                        .encode()).hexdigest()[:16]
   target = _cache_dir() / f"cpu_attention-{key}.so"

@@ -115,6 +115,34 @@ def test_throughput_peers_each_in_own_process(tmp_path):
   assert greedy["systems"]["ct2_int8"]["info"]["compute_type"] == "int8_float32"
 
 
+def test_isa_option_names_its_results_file_and_caps_xla():
+  assert throughput.parse_args([]).out.endswith("results/throughput.json")
+  assert throughput.parse_args(["--isa", "avx2"]).out.endswith("results/throughput-avx2.json")
+  assert throughput.parse_args(["--preset", "default", "--isa", "avx2"]).out.endswith(
+      "results/throughput-default-avx2.json")
+  flags = throughput.xla_env(2, "avx2")["XLA_FLAGS"].split()
+  assert "--xla_cpu_max_isa=AVX2" in flags and "--xla_force_host_platform_device_count=2" in flags
+  assert "xla_cpu_max_isa" not in throughput.xla_env(1)["XLA_FLAGS"]
+
+
+@pytest.mark.slow
+def test_throughput_isa_avx2_caps_every_system(tmp_path):
+  """--isa avx2: each worker reports the cap it ran under (our C++ kernels rebuilt for x86-64-v3, whose
+  panels are two 8-float registers wide), and the page says so."""
+  for name in ("torch", "ctranslate2"):
+    pytest.importorskip(name)
+  out = tmp_path / "throughput.json"
+  throughput.main(TINY + ["--isa", "avx2", "--out", str(out), "--skip",
+                          ",".join(n for n in PEERS + ["ours_bf16", "peak"] if n not in ("torch", "ct2"))])
+  result = json.loads(out.read_text())
+  ours = result["decode"]["greedy"]["systems"]["ours"]["info"]
+  assert "--xla_cpu_max_isa=AVX2" in ours["xla_flags"] and ours["panel_width"] == 16
+  assert result["train"]["systems"]["torch"]["info"]["cpu_capability"] == "AVX2"
+  assert result["decode"]["greedy"]["systems"]["ct2"]["info"]["isa"] == "AVX2"
+  assert result["decode"]["greedy"]["systems"]["ct2"]["status"] == "ready"
+  assert "capped at AVX2" in report.render_run(result)
+
+
 @pytest.mark.slow
 def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(tmp_path):
   repo = pathlib.Path(__file__).resolve().parents[1]

@@ -8,6 +8,7 @@ beam_size, alpha). The model is our random init exported by export/ (prepare.py)
 """
 from __future__ import annotations
 
+import os
 import pathlib
 
 import ctranslate2
@@ -33,7 +34,8 @@ def setup(spec: dict):
   src = files.decode_src(spec["dir"])
   vocab = files.pieces(spec["model"]["vocab_size"])
   tokens = [[vocab[i] for i in row] for row in src]
-  tasks, info = {}, {"compute_type": translator.compute_type, "threads": spec["threads"]}
+  tasks, info = {}, {"compute_type": translator.compute_type, "threads": spec["threads"],
+                     "isa": os.environ.get("CT2_FORCE_CPU_ISA", "native")}
   for task in spec["tasks"]:
     tasks[task], info[task] = search(spec, translator, tokens, worker.beam_size(spec, task))
   return tasks, info

@@ -20,6 +20,7 @@ from kernels import host_memory
 if __name__ == "__main__" and "train" in json.loads(sys.argv[1])["tasks"]:
   host_memory.keep_freed_memory()
 
+import os
 import pathlib
 import time
 
@@ -31,6 +32,7 @@ import numpy as np
 from benchmarks import files, worker
 from decode import translate
 from experiments.default import get_config
+from kernels import cpu_attention
 from model import Transformer, TransformerConfig
 from train import optimizer, schedules
 from train import step as step_lib
@@ -97,7 +99,10 @@ def search(spec: dict, cfg: TransformerConfig, params, beam_size: int):
 
 
 def setup(spec: dict):
-  tasks, info = {}, {"devices": len(jax.devices()), "code": str(pathlib.Path(__file__).resolve().parents[2])}
+  tasks, info = {}, {"devices": len(jax.devices()), "code": str(pathlib.Path(__file__).resolve().parents[2]),
+                     "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  if cpu_attention.available():   # its vector width: 32 floats a panel with AVX-512, 16 with AVX2
+    info["panel_width"] = cpu_attention.panel_width()
   if "peak" in spec["tasks"]:
     tasks["peak"], info["peak"] = peak(spec["peak_dtype"])
   wanted = [t for t in spec["tasks"] if t != "peak"]

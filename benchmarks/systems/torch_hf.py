@@ -87,7 +87,8 @@ def search(spec: dict, beam_size: int):
 def setup(spec: dict):
   torch.set_num_threads(spec["threads"])
   torch.manual_seed(0)
-  tasks, info = {}, {"threads": torch.get_num_threads()}
+  tasks, info = {}, {"threads": torch.get_num_threads(),
+                     "cpu_capability": torch.backends.cpu.get_cpu_capability()}
   for task in spec["tasks"]:
     if task == "train":
       tasks[task], info[task] = train(spec)
