@@ -6,8 +6,8 @@ rounded to the matmul dtype), the per-step matmul reads it as it lies.
 
 With the C++ kernels (float32), the table is laid out instead as the panels that
 kernels/cpu_attention.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
-times the beam), and XLA's dot streams an 8,000-column table slowly for so few. The decoder's other kernels are laid out
-the same way (kernel_panels, model/dense.py).
+times the beam), and XLA's dot streams an 8,000-column table slowly for so few. The decoder's other
+kernels are laid out the same way (kernel_panels, model/dense.py).
 """
 from __future__ import annotations
 
