@@ -1,8 +1,8 @@
 // Decoding-step kernels for XLA:CPU as XLA FFI custom calls (kernels/cpu_attention.py builds and
-// registers them): the two attentions, the output layer's product, and beam search's choice of
-// candidates. One call does what XLA
-// runs as a dozen small ops (scores, mask, max, exp, sum, divide, weighted sum, and the transposes
-// between them; log_softmax, masks and top-k), each of which costs a dispatch.
+// registers them): the two attentions, the products by the decoder's weights, and beam search's choice
+// of candidates. One call does what XLA runs as a dozen small ops (scores, mask, max, exp, sum, divide,
+// weighted sum, and the transposes between them; log_softmax, masks and top-k), each of which costs a
+// dispatch.
 //
 //   aiayn_slot_attention(q [b, j, h, d], k [b*s, h, d, L], v [b*s, h, L, dv], slot int32 [b*j, L],
 //                        index int32 []) -> [b, j, h, dv]
@@ -12,7 +12,8 @@
 //     -> [b, j, h, dv]
 //     The j queries of sentence r attend to the source positions where mask[r] is true.
 //   aiayn_panel_matmul(x [n, d], panels [count, d, width]) -> [n, columns], columns <= count * width
-//     The output layer's product for a decoding step's few rows, the weights laid out in panels.
+//     A decoding step's few rows times a weight matrix laid out in panels: the output layer's and every
+//     decoder layer's (kernels/output_layer.py, model/dense.py).
 //   aiayn_beam_extensions(logits [b, k, vocab], alive [b, k], mode int32 [b], attribute eos_id)
 //     -> (values [b, n], flat indices int32 [b, n])
 //     decode/beam_search.py's select_extensions (see BeamExtensionsImpl).
@@ -335,11 +336,12 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   return ffi::Error::Success();
 }
 
-// ---- The output layer's product for the few rows of a decoding step ----
+// ---- The few rows of a decoding step times a weight matrix ----
 
-// Columns per panel: two vector registers. kernels/output_layer.py lays the [vocab, d] table out once
-// per batch as panels [ceil(vocab / kPanel), d, kPanel] (zeros past vocab), so that one panel's weights
-// are one contiguous run read in order, and each weight is loaded once for up to 8 rows.
+// Columns per panel: two vector registers. kernels/output_layer.py lays a [d, columns] matrix out once
+// per batch as panels [ceil(columns / kPanel), d, kPanel] (zeros past the columns): the output layer's
+// table and the decoder's kernels (model/dense.py). One panel's weights are one contiguous run read in
+// order, and each weight is loaded once for up to 8 rows.
 constexpr int64_t kPanel = 2 * kLanes;
 
 // Rows per pass over the panels: 2 accumulators a row, 16 of AVX-512's 32 vector registers, 8 of
