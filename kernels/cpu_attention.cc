@@ -18,12 +18,18 @@
 //     -> (values [b, n], flat indices int32 [b, n])
 //     decode/beam_search.py's select_extensions (see BeamExtensionsImpl).
 //
+// Every call shares its work with XLA's intra-op thread pool (parallel_for): the attentions and the
+// choice of candidates a sentence at a time, the products a range of panels at a time. Each part is
+// computed the same way whichever thread takes it, so results do not depend on the number of threads.
+//
 // The attentions: softmax(q . k) weighted values in float32, q already scaled by 1/sqrt(d). Keys are stored
 // positions-last, so that the scores of all positions come from vector multiply-adds along positions.
 // Masked positions get weight 0, as the reference's -1e9 logits do; a row with no visible position
 // averages every value, as the reference's softmax over equal -1e9 logits does.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +42,37 @@
 namespace ffi = xla::ffi;
 
 namespace {
+
+// Runs work(part) for every part in [0, parts): on the calling thread and on up to parts - 1 tasks
+// scheduled on XLA's intra-op thread pool, each claiming the next part until none is left. The caller
+// works too, so the call finishes even if no task ever runs (XLA may run tasks on a busy or one-thread
+// pool); it returns once every claimed part is done. A task that starts after that finds nothing to claim
+// and touches only the shared counters it holds. Parts must write disjoint outputs: what each computes
+// does not depend on which thread runs it, so results are the same on any number of threads.
+template <typename Work>
+void parallel_for(ffi::ThreadPool& pool, int64_t parts, const Work& work) {
+  struct Claims {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  const auto claims = std::make_shared<Claims>();
+  const auto run = [claims, parts, &work] {
+    for (int64_t part; (part = claims->next.fetch_add(1, std::memory_order_relaxed)) < parts;) {
+      work(part);
+      claims->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), parts) - 1;
+  for (int64_t i = 0; i < helpers; ++i) {
+    auto task = run;   // Schedule takes its task by value
+    pool.Schedule(std::move(task));
+  }
+  run();
+  while (claims->done.load(std::memory_order_acquire) < parts) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
 
 // Floats per block: one vector register's worth on the CPU this is compiled for (-march=native). A
 // vector wider than the CPU's registers is not split into registers by GCC but passed through memory
@@ -242,7 +279,7 @@ inline void weighted_sum(const float* weights, Values values, int64_t count, int
   }
 }
 
-ffi::Error SlotAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+ffi::Error SlotAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                              ffi::Buffer<ffi::S32> slot, ffi::Buffer<ffi::S32> index,
                              ffi::ResultBuffer<ffi::F32> out) {
   const auto qs = q.dimensions(), ks = k.dimensions(), vs = v.dimensions(), ss = slot.dimensions();
@@ -265,11 +302,11 @@ ffi::Error SlotAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
     for (int64_t t = 0; t < count; ++t)
       if (sp[a * length + t] < 0 || sp[a * length + t] >= slots)
         return ffi::Error::InvalidArgument("aiayn_slot_attention: a slot index is out of range");
-  std::vector<float> buffer(2 * j * count);
-  std::vector<float*> scores(j), partial(j);
-  std::vector<const float*> queries(j);
-  for (int64_t a = 0; a < j; ++a) scores[a] = buffer.data() + a * count, partial[a] = scores[a] + j * count;
-  for (int64_t r = 0; r < b; ++r) {
+  parallel_for(pool, b, [&](int64_t r) {   // a sentence a part
+    std::vector<float> buffer(2 * j * count);
+    std::vector<float*> scores(j), partial(j);
+    std::vector<const float*> queries(j);
+    for (int64_t a = 0; a < j; ++a) scores[a] = buffer.data() + a * count, partial[a] = scores[a] + j * count;
     for (int64_t head = 0; head < h; ++head) {
       for (int64_t a = 0; a < j; ++a) queries[a] = qp + ((r * j + a) * h + head) * d;
       // Every slot's scores for every query; each position keeps the one from the slot that holds it
@@ -295,11 +332,11 @@ ffi::Error SlotAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, f
         weighted_sum(scores[a], values, count, dv, op + ((r * j + a) * h + head) * dv);
       }
     }
-  }
+  });
   return ffi::Error::Success();
 }
 
-ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+ffi::Error MaskedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                                ffi::Buffer<ffi::PRED> mask, ffi::ResultBuffer<ffi::F32> out) {
   const auto qs = q.dimensions(), ks = k.dimensions(), vs = v.dimensions(), ms = mask.dimensions();
   if (qs.size() != 4 || ks.size() != 4 || vs.size() != 4 || ms.size() != 2)
@@ -314,11 +351,11 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   const float* vp = v.typed_data();
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
-  std::vector<float> buffer(j * length);
-  std::vector<float*> scores(j);
-  std::vector<const float*> queries(j);
-  for (int64_t a = 0; a < j; ++a) scores[a] = buffer.data() + a * length;
-  for (int64_t r = 0; r < b; ++r) {
+  parallel_for(pool, b, [&](int64_t r) {   // a sentence a part
+    std::vector<float> buffer(j * length);
+    std::vector<float*> scores(j);
+    std::vector<const float*> queries(j);
+    for (int64_t a = 0; a < j; ++a) scores[a] = buffer.data() + a * length;
     const bool* visible = mp + r * length;
     for (int64_t head = 0; head < h; ++head) {
       const float* keys = kp + (r * h + head) * d * length;
@@ -332,7 +369,7 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                      op + ((r * j + a) * h + head) * dv);
       }
     }
-  }
+  });
   return ffi::Error::Success();
 }
 
@@ -348,10 +385,15 @@ constexpr int64_t kPanel = 2 * kLanes;
 // AVX2's 16.
 constexpr int64_t kPanelRows = kLanes >= 16 ? 8 : 4;
 
+// The bytes of panels one thread takes at a time (a quarter of a Zen 4 core's L2).
+constexpr int64_t kPartBytes = 256 * 1024;
+
 // out[m, p * kPanel + c] = sum over i of x[m, i] * panels[p, i, c], for M <= kPanelRows rows, the sum
-// in order of i; out has `columns` columns (the last panel's past them are dropped).
+// in order of i; out's rows are `stride` apart and `columns` of each are written (the last panel's
+// past them are dropped).
 template <int M>
-void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, float* out, int64_t columns) {
+void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, float* out, int64_t columns,
+                int64_t stride) {
   for (int64_t p = 0; p < count; ++p) {
     const float* w = panels + p * d * kPanel;
     Vec acc[M][2] = {};
@@ -365,7 +407,7 @@ void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, f
     }
     const int64_t start = p * kPanel;
     for (int m = 0; m < M; ++m) {
-      float* row = out + m * columns + start;
+      float* row = out + m * stride + start;
       if (start + kPanel <= columns) {
         store(row, acc[m][0]);
         store(row + kLanes, acc[m][1]);
@@ -379,7 +421,7 @@ void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, f
   }
 }
 
-ffi::Error PanelMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+ffi::Error PanelMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
                            ffi::ResultBuffer<ffi::F32> out) {
   const auto xs = x.dimensions(), ps = panels.dimensions(), os = out->dimensions();
   if (xs.size() != 2 || ps.size() != 3 || os.size() != 2)
@@ -394,21 +436,31 @@ ffi::Error PanelMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels
   const float* xp = x.typed_data();
   const float* pp = panels.typed_data();
   float* op = out->typed_data();
-  int64_t m0 = 0;
-  for (; m0 + kPanelRows <= n; m0 += kPanelRows)
-    panel_rows<kPanelRows>(xp + m0 * d, pp, d, count, op + m0 * columns, columns);
-  const float* xr = xp + m0 * d;
-  float* orow = op + m0 * columns;
-  switch (n - m0) {   // fewer than kPanelRows
-    case 7: panel_rows<7>(xr, pp, d, count, orow, columns); break;
-    case 6: panel_rows<6>(xr, pp, d, count, orow, columns); break;
-    case 5: panel_rows<5>(xr, pp, d, count, orow, columns); break;
-    case 4: panel_rows<4>(xr, pp, d, count, orow, columns); break;
-    case 3: panel_rows<3>(xr, pp, d, count, orow, columns); break;
-    case 2: panel_rows<2>(xr, pp, d, count, orow, columns); break;
-    case 1: panel_rows<1>(xr, pp, d, count, orow, columns); break;
-    default: break;
-  }
+  // Ranges of whole panels of about kPartBytes each (at least one range per thread where there are
+  // panels enough), so that a range stays in a core's L2 while every group of rows passes over it.
+  const int64_t panel_bytes = d * kPanel * static_cast<int64_t>(sizeof(float));
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t parts = std::min(count, std::max((count * panel_bytes + kPartBytes - 1) / kPartBytes, threads));
+  parallel_for(pool, parts, [&](int64_t part) {
+    const int64_t first = count * part / parts, last = count * (part + 1) / parts;
+    const float* pr = pp + first * d * kPanel;
+    const int64_t width = std::min(columns, last * kPanel) - first * kPanel;
+    int64_t m0 = 0;
+    for (; m0 + kPanelRows <= n; m0 += kPanelRows)
+      panel_rows<kPanelRows>(xp + m0 * d, pr, d, last - first, op + m0 * columns + first * kPanel, width, columns);
+    const float* xr = xp + m0 * d;
+    float* orow = op + m0 * columns + first * kPanel;
+    switch (n - m0) {   // fewer than kPanelRows
+      case 7: panel_rows<7>(xr, pr, d, last - first, orow, width, columns); break;
+      case 6: panel_rows<6>(xr, pr, d, last - first, orow, width, columns); break;
+      case 5: panel_rows<5>(xr, pr, d, last - first, orow, width, columns); break;
+      case 4: panel_rows<4>(xr, pr, d, last - first, orow, width, columns); break;
+      case 3: panel_rows<3>(xr, pr, d, last - first, orow, width, columns); break;
+      case 2: panel_rows<2>(xr, pr, d, last - first, orow, width, columns); break;
+      case 1: panel_rows<1>(xr, pr, d, last - first, orow, width, columns); break;
+      default: break;
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -477,15 +529,15 @@ inline uint32_t lanes_above(Vec v, float bound) {
 // The scan skips most of the row a block of 4 vectors at a time; the exact totals are computed only
 // where a block might hold one of the n best (about n log(k * vocab / n) entries in all, for logits
 // in random order).
-void beam_extensions(const float* lp, const float* ap, const int32_t* mp, int64_t b, int64_t k, int64_t vocab,
-                     int64_t n, int32_t eos_id, float* vp, int32_t* ip) {
+void beam_extensions(ffi::ThreadPool& pool, const float* lp, const float* ap, const int32_t* mp, int64_t b,
+                     int64_t k, int64_t vocab, int64_t n, int32_t eos_id, float* vp, int32_t* ip) {
   const int64_t block = 4 * kLanes;
-  for (int64_t r = 0; r < b; ++r) {
+  parallel_for(pool, b, [&](int64_t r) {   // a sentence a part
     Best best{vp + r * n, ip + r * n, n};
     const int32_t m = mp[r];
     if (m == kDead) {   // every total NEG_INF: the n lowest indices
       for (int64_t i = 0; i < n; ++i) best.value[i] = kNegInf, best.index[i] = static_cast<int32_t>(i);
-      continue;
+      return;
     }
     for (int64_t j = 0; j < k; ++j) {
       const float* x = lp + (r * k + j) * vocab;
@@ -528,10 +580,10 @@ void beam_extensions(const float* lp, const float* ap, const int32_t* mp, int64_
     // NaN totals (logits with NaN or infinity) are never offered: fill what they left empty with NaN
     // at the lowest indices, so that every result is written and every index is in range.
     for (int64_t i = best.size; i < n; ++i) best.value[i] = NAN, best.index[i] = static_cast<int32_t>(i);
-  }
+  });
 }
 
-ffi::Error BeamExtensionsImpl(ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> alive,
+ffi::Error BeamExtensionsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> alive,
                               ffi::Buffer<ffi::S32> mode, int32_t eos_id,
                               ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const auto ls = logits.dimensions(), as = alive.dimensions(), ms = mode.dimensions(),
@@ -544,7 +596,7 @@ ffi::Error BeamExtensionsImpl(ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32
     return ffi::Error::InvalidArgument("aiayn_beam_extensions: shapes do not match");
   if (vocab < 1 || n < 1 || n > k * vocab || k * vocab > INT32_MAX)
     return ffi::Error::InvalidArgument("aiayn_beam_extensions: need 1 <= n <= k * vocab < 2^31");
-  beam_extensions(logits.typed_data(), alive.typed_data(), mode.typed_data(), b, k, vocab, n, eos_id,
+  beam_extensions(pool, logits.typed_data(), alive.typed_data(), mode.typed_data(), b, k, vocab, n, eos_id,
                   values->typed_data(), indices->typed_data());
   return ffi::Error::Success();
 }
@@ -556,12 +608,14 @@ extern "C" int64_t aiayn_panel_width() { return kPanel; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynPanelMatmul, PanelMatmulImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynSlotAttention, SlotAttentionImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -571,6 +625,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynSlotAttention, SlotAttentionImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynMaskedAttention, MaskedAttentionImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -579,6 +634,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynMaskedAttention, MaskedAttentionImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynBeamExtensions, BeamExtensionsImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
