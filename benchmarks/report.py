@@ -70,6 +70,9 @@ def render_run(r: dict) -> str:
   title = f"default experiment's model (--preset {r['preset']})" if r.get("preset") else "benchmark model"
   if r["args"].get("isa", "native") != "native":
     title += f", every system capped at {r['args']['isa'].upper()} (--isa {r['args']['isa']})"
+  if r["args"].get("decode_devices"):
+    count = r["args"]["decode_devices"]
+    title += f", ours decoding on {count} device{'s' if count > 1 else ''} (--decode_devices {count})"
   out = [f"## Throughput, {title}: {r['date']}", ""]
   if r.get("note"):
     out += [f"> {r['note']}", ""]

@@ -57,6 +57,10 @@ def parse_args(argv=None):
   p.add_argument("--tgt_len", type=int, default=64)
   p.add_argument("--decode_batch", type=int, default=16, help="a multiple of the CPU cores")
   p.add_argument("--decode_len", type=int, default=64, help="generated tokens per sentence")
+  p.add_argument("--decode_devices", type=int, default=None,
+                 help="our CPU devices for decoding, the sentences split over them (default: one per core, "
+                      "as `python -m decode` runs; 1: the whole batch on one device, as `python -m train`'s "
+                      "evaluation runs)")
   p.add_argument("--beam_size", type=int, default=4)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="our compute dtype (parameters stay float32); peers run float32")
@@ -80,11 +84,14 @@ def parse_args(argv=None):
   p.add_argument("--note", default="", help="a line for the performance page, e.g. the machine's state")
   p.add_argument("--out", default=None, help="default: benchmarks/results/throughput[-PRESET].json")
   args = p.parse_args(argv)
+  if args.decode_devices is not None and args.decode_devices < 1:
+    p.error(f"--decode_devices {args.decode_devices}: give 1 or more devices")
   if args.preset:
     for key, value in PRESETS[args.preset].items():
       setattr(args, key, value)
   if args.out is None:
-    suffix = "".join(f"-{x}" for x in (args.preset, args.isa if args.isa != "native" else None) if x)
+    devices = f"{args.decode_devices}device" if args.decode_devices else None
+    suffix = "".join(f"-{x}" for x in (args.preset, args.isa if args.isa != "native" else None, devices) if x)
     args.out = str(RESULTS / f"throughput{suffix}.json")
   return args
 
@@ -182,7 +189,8 @@ def run_part(systems, tasks_of, base_spec: dict, args, log_dir) -> tuple[dict, d
     tasks = tasks_of(name)
     env = dict(ISA_ENV[args.isa])
     if module == OURS:
-      env.update(xla_env((os.cpu_count() or 1) if "greedy" in tasks else 1, args.isa))
+      decode_devices = args.decode_devices or os.cpu_count() or 1
+      env.update(xla_env(decode_devices if "greedy" in tasks else 1, args.isa))
     tree = args.baseline if name == "ours_baseline" else harness.REPO
     workers.append(harness.Worker(name, module, dict(base_spec, **options, tasks=tasks), env, tree))
   harness.start(workers, log_dir, args.setup_timeout)

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <cstdint>
 #include <vector>
 
@@ -67,10 +68,17 @@ void parallel_for(ffi::ThreadPool& pool, int64_t parts, const Work& work) {
     pool.Schedule(std::move(task));
   }
   run();
-  while (claims->done.load(std::memory_order_acquire) < parts) {
+  // Spins while another thread finishes its last part (parts take tens of microseconds to
+  // milliseconds), then yields the CPU, in case that thread waits for this one's CPU (more threads than
+  // CPUs: a process pinned to fewer, or other processes busy).
+  for (int64_t spins = 0; claims->done.load(std::memory_order_acquire) < parts; ++spins) {
+    if (spins < 4096) {
 #if defined(__x86_64__)
-    __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 

@@ -125,6 +125,16 @@ def test_isa_option_names_its_results_file_and_caps_xla():
   assert "xla_cpu_max_isa" not in throughput.xla_env(1)["XLA_FLAGS"]
 
 
+def test_decode_devices_option_names_its_results_file_and_refuses_zero(capsys):
+  assert throughput.parse_args(["--decode_devices", "1"]).out.endswith("results/throughput-1device.json")
+  assert throughput.parse_args(["--preset", "default", "--isa", "avx2", "--decode_devices", "2"]).out.endswith(
+      "results/throughput-default-avx2-2device.json")
+  assert throughput.parse_args([]).decode_devices is None
+  with pytest.raises(SystemExit):
+    throughput.parse_args(["--decode_devices", "0"])
+  assert "--decode_devices 0: give 1 or more devices" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_throughput_isa_avx2_caps_every_system(tmp_path):
   """--isa avx2: each worker reports the cap it ran under (our C++ kernels rebuilt for x86-64-v3, whose
@@ -132,11 +142,13 @@ def test_throughput_isa_avx2_caps_every_system(tmp_path):
   for name in ("torch", "ctranslate2"):
     pytest.importorskip(name)
   out = tmp_path / "throughput.json"
-  throughput.main(TINY + ["--isa", "avx2", "--out", str(out), "--skip",
+  throughput.main(TINY + ["--isa", "avx2", "--decode_devices", "1", "--out", str(out), "--skip",
                           ",".join(n for n in PEERS + ["peak"] if n not in ("torch", "ct2"))])
   result = json.loads(out.read_text())
   ours = result["decode"]["greedy"]["systems"]["ours"]["info"]
   assert "--xla_cpu_max_isa=AVX2" in ours["xla_flags"] and ours["panel_width"] == 16
+  assert ours["devices"] == 1 and "host_platform_device_count" not in ours["xla_flags"]   # --decode_devices 1
+  assert "ours decoding on 1 device (--decode_devices 1)" in report.render_run(result)
   assert result["train"]["systems"]["torch"]["info"]["cpu_capability"] == "AVX2"
   assert result["decode"]["greedy"]["systems"]["ct2"]["info"]["isa"] == "AVX2"
   assert result["decode"]["greedy"]["systems"]["ct2"]["status"] == "ready"

@@ -447,3 +447,63 @@ def test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops():
     got_seqs, got_scores = run(cpu_attention.beam_extensions)
     np.testing.assert_array_equal(got_seqs, want_seqs)
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5)
+
+
+_THREADS_SCRIPT = """
+import os, sys
+os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(",")})   # before JAX sizes its thread pool
+import jax, jax.numpy as jnp, numpy as np
+from kernels import cpu_attention, output_layer
+rng = np.random.default_rng(0)
+f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+b, j, h, d, length, src, vocab = 8, 4, 4, 64, 512, 1024, 32000   # parts long enough for both threads
+x, table = f32(64, 200), f32(1000, 200)
+panels = output_layer.panels(table, cpu_attention.panel_width())
+slot = jnp.asarray(rng.integers(0, j, (b * j, length)), jnp.int32)
+mask = jnp.asarray(rng.random((b, src)) < 0.8)
+mode = jnp.asarray(rng.integers(0, 4, (b,)), jnp.int32)
+out = {
+    "panel": jax.jit(lambda x, p: cpu_attention.panel_matmul(x, p, 1000))(x, panels),
+    "slot": jax.jit(cpu_attention.slot_attention)(f32(b, j, h, d), f32(b * j, h, d, length),
+                                                   f32(b * j, h, length, d), slot, jnp.int32(500)),
+    "masked": jax.jit(cpu_attention.masked_attention)(f32(b, j, h, d), f32(b, h, d, src), f32(b, h, src, d),
+                                                       mask),
+}
+out["values"], out["indices"] = jax.jit(lambda l, a, m: cpu_attention.beam_extensions(l, a, m, 8, 3))(
+    f32(b, j, vocab), f32(b, j), mode)
+np.savez(sys.argv[1], **{k: np.asarray(v) for k, v in out.items()})
+"""
+
+
+def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_all(tmp_path):
+  """The C++ kernels share their work with XLA's intra-op thread pool, which JAX sizes by the CPUs the
+  process may run on: pinned to one CPU, then free on all of them, every kernel's result is the same, bit
+  for bit (each part is computed the same way whichever thread takes it)."""
+  import os
+  import subprocess
+  import sys
+  cpus = sorted(os.sched_getaffinity(0))
+  assert len(cpus) >= 2, f"this test needs 2 CPUs to compare one thread with several (has {cpus})"
+  script = tmp_path / "threads.py"
+  script.write_text(_THREADS_SCRIPT)
+  results = []
+  for name, allowed in (("one", cpus[:1]), ("all", cpus)):
+    path = tmp_path / f"{name}.npz"
+    env = {**os.environ, "PYTHONPATH": str(cpu_attention.SOURCE.parent.parent)}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, str(script), str(path), ",".join(map(str, allowed))],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results.append(np.load(path))
+  one, every = results
+  assert set(one.files) == {"panel", "slot", "masked", "values", "indices"}
+  for name in one.files:
+    np.testing.assert_array_equal(one[name], every[name], err_msg=name)
+  np.testing.assert_allclose(one["panel"], np.asarray(_panel_reference()), rtol=1e-4, atol=1e-3)
+
+
+def _panel_reference():
+  """The script's panel product in numpy (float64), from the same generator draws."""
+  rng = np.random.default_rng(0)
+  x, table = rng.standard_normal((64, 200)), rng.standard_normal((1000, 200))
+  return x @ table.T
