@@ -8,6 +8,8 @@ round-robin with the others (benchmarks/harness.py) on the same weights and sour
 - full: as the throughput benchmark runs it, the sentences split over one CPU device per core;
 - no self-attention, no cross-attention, an eighth of the output layer: the same with one part's
   arithmetic taken out (benchmarks/systems/ours_parts.py); full minus it is that part's share;
+- one device: every sentence on one device, as `python -m train`'s evaluation runs, with only the C++
+  kernels' work shared over the cores (XLA's intra-op pool);
 - one core alone: half the sentences on one device pinned to one core, the other core idle;
 - two processes at once: that, twice, one process per core, both timed in the same round.
 Two processes at once against one core alone says how much the two cores slow each other down when both
@@ -79,6 +81,8 @@ def main(argv=None):
         ("no_self", "full without the self-attention arithmetic", {"ablate": "self"}, all_cores),
         ("no_cross", "full without the cross-attention arithmetic", {"ablate": "cross"}, all_cores),
         ("output_eighth", "full with an eighth of the output layer", {"ablate": "output"}, all_cores),
+        ("one_device", f"{args.decode_batch} sentences on 1 device, its C++ kernels sharing the work over "
+         f"the {cores} cores", {}, throughput.xla_env(1)),
         ("one_core", f"{half} sentences, 1 device pinned to CPU 0, the other cores idle",
          {"rows": half, "cpus": [0]}, throughput.xla_env(1))]
     workers = [harness.Worker(n, PARTS, dict(base, **o), env) for n, _, o, env in variants]
@@ -115,7 +119,8 @@ def main(argv=None):
       "cross_attention_share": 1 - med["no_cross"] / med["full"],
       "output_layer_share": (1 - med["output_eighth"] / med["full"]) * 8 / 7,   # the whole layer's, linearly
       "two_at_once_over_one_core": med["two_at_once"] / med["one_core"],
-      "full_over_one_core": med["full"] / med["one_core"]}
+      "full_over_one_core": med["full"] / med["one_core"],
+      "one_device_over_full": med["one_device"] / med["full"]}
   return harness.finish(result, args.out, report.render_anatomy)
 
 

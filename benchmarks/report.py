@@ -195,6 +195,9 @@ def render_anatomy(result: dict) -> str:
             "scaled linearly)",
             f"- two processes at once over one core alone: {d['two_at_once_over_one_core']:.2f}x the time; "
             f"full over one core alone: {d['full_over_one_core']:.2f}x"]
+  if "one_device_over_full" in d:
+    lines += [f"- one device over full (every sentence on one device against one device per core): "
+              f"{d['one_device_over_full']:.2f}x the time"]
   return "\n".join(lines)
 
 

@@ -186,16 +186,20 @@ def test_decode_anatomy_times_every_variant_in_its_own_process_and_the_pair_at_o
   result = decode_anatomy.main(["--repeats", "2", "--warmup", "1", "--decode_len", "6", "--out", str(out)])
   assert json.loads(out.read_text()) == result
   variants = result["variants"]
-  assert set(variants) == {"full", "no_self", "no_cross", "output_eighth", "one_core", "two_at_once"}
+  assert set(variants) == {"full", "no_self", "no_cross", "output_eighth", "one_device", "one_core",
+                           "two_at_once"}
   assert all(v["runs"] == 2 and v["median_s"] > 0 for v in variants.values())
   assert [variants[n]["info"]["ablate"] for n in ("full", "no_self", "no_cross", "output_eighth")] == [
       None, "self", "cross", "output"]
   half = 16 // (os.cpu_count() or 1)
   assert variants["one_core"]["info"]["cpus"] == [0] and variants["one_core"]["info"]["rows"] == half
   assert [i["cpus"] for i in variants["two_at_once"]["info"]] == [[0], [1]]
-  assert [variants[n]["info"]["beam"]["devices"] for n in ("full", "one_core")] == [os.cpu_count(), 1]
-  assert 0 < result["derived"]["two_at_once_over_one_core"]
+  assert [variants[n]["info"]["beam"]["devices"] for n in ("full", "one_device", "one_core")] == [
+      os.cpu_count(), 1, 1]
+  assert variants["one_device"]["info"]["rows"] is None and variants["one_device"]["info"]["cpus"] is None
+  assert 0 < result["derived"]["two_at_once_over_one_core"] and 0 < result["derived"]["one_device_over_full"]
   assert "shares of the full step" in report.render_anatomy(result)
+  assert "one device over full" in report.render_anatomy(result)
 
 
 def test_performance_page_is_generated_from_the_results():
