@@ -192,9 +192,16 @@ void softmax(float* scores, int64_t count) {
   for (t = 0; t < count; ++t) scores[t] = scores[t] / sum;
 }
 
-// Blocks of kLanes positions scored together: as many as keep every accumulator of 4 queries in a
-// register (32 vector registers with AVX-512, 16 otherwise).
-constexpr int64_t kBlocks = kLanes >= 16 ? 4 : 2;
+// Independent accumulators a loop keeps going: enough to cover the multiply-add's latency on both of a
+// core's vector units (4 cycles x 2 on Zen 4 and recent Intel cores), as many as AVX-512's 32 registers
+// leave room for, 8 of AVX2's 16. With fewer, each multiply-add waits for the one before it: one query
+// on 2 blocks (AVX2) ran the cross-attention 3x slower than on 4 blocks of AVX-512.
+constexpr int64_t kChains = kLanes >= 16 ? 16 : 8;
+
+// Blocks of kLanes positions scored together for J queries: J * blocks accumulators, at most 8 blocks
+// (with the 8 blocks loaded, what the registers hold).
+template <int J>
+constexpr int64_t kBlocks = std::clamp<int64_t>(kChains / J, 1, 8);
 
 // scores[a][t0, t0 + NB * kLanes) = q[a] . key_t for J queries, keys positions-last: row i of `keys`
 // holds component i of every position (stride `length`). Each key row's NB blocks are one contiguous
@@ -226,18 +233,23 @@ inline void score_blocks(const float* const* q, const float* keys, int64_t d, in
   }
 }
 // scores[a][t] = q[a] . key_t for J queries and t < count (count <= length): whole blocks (also past
-// `count` where the keys have room), kBlocks at a time, then a scalar loop for the rest.
+// `count` where the keys have room), kBlocks<J> at a time, then a scalar loop for the rest.
 template <int J>
 void scores_of(const float* const* q, const float* keys, int64_t d, int64_t length, int64_t count,
                float* const* scores) {
   int64_t t0 = 0;
   while (t0 < count && t0 + kLanes <= length) {
-    const int64_t blocks = std::min({kBlocks, (length - t0) / kLanes, (count - t0 + kLanes - 1) / kLanes});
-    switch (blocks) {
+    constexpr int64_t most = kBlocks<J>;
+    const int64_t blocks = std::min({most, (length - t0) / kLanes, (count - t0 + kLanes - 1) / kLanes});
+    switch (blocks) {   // each case's block count capped at `most`, which `blocks` never exceeds
       case 1: score_blocks<J, 1>(q, keys, d, length, t0, count, scores); break;
-      case 2: score_blocks<J, 2>(q, keys, d, length, t0, count, scores); break;
-      case 3: score_blocks<J, kBlocks >= 3 ? 3 : 1>(q, keys, d, length, t0, count, scores); break;
-      default: score_blocks<J, kBlocks>(q, keys, d, length, t0, count, scores); break;
+      case 2: score_blocks<J, std::min<int64_t>(2, most)>(q, keys, d, length, t0, count, scores); break;
+      case 3: score_blocks<J, std::min<int64_t>(3, most)>(q, keys, d, length, t0, count, scores); break;
+      case 4: score_blocks<J, std::min<int64_t>(4, most)>(q, keys, d, length, t0, count, scores); break;
+      case 5: score_blocks<J, std::min<int64_t>(5, most)>(q, keys, d, length, t0, count, scores); break;
+      case 6: score_blocks<J, std::min<int64_t>(6, most)>(q, keys, d, length, t0, count, scores); break;
+      case 7: score_blocks<J, std::min<int64_t>(7, most)>(q, keys, d, length, t0, count, scores); break;
+      default: score_blocks<J, most>(q, keys, d, length, t0, count, scores); break;
     }
     t0 += blocks * kLanes;
   }
@@ -268,12 +280,19 @@ inline void weighted_blocks(const float* weights, Values values, int64_t count, 
   for (int c = 0; c < C; ++c) store(out + i0 + c * kLanes, acc[c]);
 }
 // out[0, dv) = sum over t < count of weights[t] * value_t, value_t = values(t) (a row of dv floats):
-// whole blocks, 4 at a time, then a scalar loop for the rest.
+// whole blocks, kSumBlocks at a time (8 chains of multiply-adds with AVX2, 4 wider ones with AVX-512),
+// then a scalar loop for the rest.
+constexpr int64_t kSumBlocks = kLanes >= 16 ? 4 : 8;
 template <typename Values>
 inline void weighted_sum(const float* weights, Values values, int64_t count, int64_t dv, float* out) {
   int64_t i0 = 0;
-  for (; i0 + 4 * kLanes <= dv; i0 += 4 * kLanes) weighted_blocks<4>(weights, values, count, i0, out);
-  switch ((dv - i0) / kLanes) {
+  for (; i0 + kSumBlocks * kLanes <= dv; i0 += kSumBlocks * kLanes)
+    weighted_blocks<kSumBlocks>(weights, values, count, i0, out);
+  switch ((dv - i0) / kLanes) {   // fewer than kSumBlocks
+    case 7: weighted_blocks<7>(weights, values, count, i0, out); break;
+    case 6: weighted_blocks<6>(weights, values, count, i0, out); break;
+    case 5: weighted_blocks<5>(weights, values, count, i0, out); break;
+    case 4: weighted_blocks<4>(weights, values, count, i0, out); break;
     case 3: weighted_blocks<3>(weights, values, count, i0, out); break;
     case 2: weighted_blocks<2>(weights, values, count, i0, out); break;
     case 1: weighted_blocks<1>(weights, values, count, i0, out); break;
