@@ -11,7 +11,9 @@ divide, weighted sum, transposes), and at the default model's sizes the dispatch
 its arithmetic (docs/performance.md). The C++ kernel does the same float32 arithmetic in one call, and
 reads only the positions decoded so far. Same results as kernels/decode_cache.py's XLA attention up to
 float rounding (tests/test_kernels.py). beam_extensions is decode/beam_search.py's select_extensions
-(log_softmax, the eos masks, the top 2k of k * vocab scores) in one call, with the same picks.
+(log_softmax, the eos masks, the top 2k of k * vocab scores) in one call, with the same picks. Each call
+shares its work with XLA's intra-op thread pool (one thread per core the process may use), with the same
+bits on any number of threads.
 
 The source is compiled once per machine with the C++ compiler (`c++`, or $CXX) and the XLA FFI headers
 that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version, the
