@@ -402,17 +402,14 @@ ffi::Error MaskedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ff
 
 // ---- The few rows of a decoding step times a weight matrix ----
 
-// Columns per panel: two vector registers with AVX-512, three with AVX2 (then 12 accumulators for 4 rows,
-// 3 weights and a broadcast fill AVX2's 16 registers; with two, the AVX2 build's output layer took
-// 1.25-1.37x as long in the step). kernels/output_layer.py lays a [d, columns] matrix out once per batch
-// as panels [ceil(columns / kPanel), d, kPanel] (zeros past the columns): the output layer's table and
-// the decoder's kernels (model/dense.py). One panel's weights are one contiguous run read in order, and
-// each weight is loaded once for up to 8 rows.
-constexpr int64_t kPanelVecs = kLanes >= 16 ? 2 : 3;
-constexpr int64_t kPanel = kPanelVecs * kLanes;
+// Columns per panel: two vector registers. kernels/output_layer.py lays a [d, columns] matrix out once
+// per batch as panels [ceil(columns / kPanel), d, kPanel] (zeros past the columns): the output layer's
+// table and the decoder's kernels (model/dense.py). One panel's weights are one contiguous run read in
+// order, and each weight is loaded once for up to 8 rows.
+constexpr int64_t kPanel = 2 * kLanes;
 
-// Rows per pass over the panels: kPanelVecs accumulators a row, 16 of AVX-512's 32 vector registers,
-// 12 of AVX2's 16.
+// Rows per pass over the panels: 2 accumulators a row, 16 of AVX-512's 32 vector registers, 8 of
+// AVX2's 16.
 constexpr int64_t kPanelRows = kLanes >= 16 ? 8 : 4;
 
 // The bytes of panels one thread takes at a time (a quarter of a Zen 4 core's L2).
@@ -426,23 +423,25 @@ void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, f
                 int64_t stride) {
   for (int64_t p = 0; p < count; ++p) {
     const float* w = panels + p * d * kPanel;
-    Vec acc[M][kPanelVecs] = {};
+    Vec acc[M][2] = {};
     for (int64_t i = 0; i < d; ++i) {
-      Vec wv[kPanelVecs];
-      for (int v = 0; v < kPanelVecs; ++v) wv[v] = load(w + i * kPanel + v * kLanes);
+      const Vec w0 = load(w + i * kPanel), w1 = load(w + i * kPanel + kLanes);
       for (int m = 0; m < M; ++m) {
         const float xm = x[m * d + i];
-        for (int v = 0; v < kPanelVecs; ++v) acc[m][v] += wv[v] * xm;
+        acc[m][0] += w0 * xm;
+        acc[m][1] += w1 * xm;
       }
     }
     const int64_t start = p * kPanel;
     for (int m = 0; m < M; ++m) {
       float* row = out + m * stride + start;
       if (start + kPanel <= columns) {
-        for (int v = 0; v < kPanelVecs; ++v) store(row + v * kLanes, acc[m][v]);
+        store(row, acc[m][0]);
+        store(row + kLanes, acc[m][1]);
       } else {
         float block[kPanel];
-        for (int v = 0; v < kPanelVecs; ++v) store(block + v * kLanes, acc[m][v]);
+        store(block, acc[m][0]);
+        store(block + kLanes, acc[m][1]);
         std::copy(block, block + (columns - start), row);
       }
     }

@@ -126,8 +126,7 @@ def _library():
 
 @functools.lru_cache(maxsize=None)
 def panel_width() -> int:
-  """The columns per panel that panel_matmul reads (two of this CPU's vector registers of floats with
-  AVX-512, three with AVX2: 32 or 24).
+  """The columns per panel that panel_matmul reads (two of this CPU's vector registers of floats).
   Registers the custom calls; raises RuntimeError where they are not available()."""
   _require("aiayn_panel_width")
   width = _library().aiayn_panel_width

@@ -138,7 +138,7 @@ def test_decode_devices_option_names_its_results_file_and_refuses_zero(capsys):
 @pytest.mark.slow
 def test_throughput_isa_avx2_caps_every_system(tmp_path):
   """--isa avx2: each worker reports the cap it ran under (our C++ kernels rebuilt for x86-64-v3, whose
-  panels are three 8-float registers wide), the bfloat16 systems are left out, and the page says so."""
+  panels are two 8-float registers wide), the bfloat16 systems are left out, and the page says so."""
   for name in ("torch", "ctranslate2"):
     pytest.importorskip(name)
   out = tmp_path / "throughput.json"
@@ -146,7 +146,7 @@ def test_throughput_isa_avx2_caps_every_system(tmp_path):
                           ",".join(n for n in PEERS + ["peak"] if n not in ("torch", "ct2"))])
   result = json.loads(out.read_text())
   ours = result["decode"]["greedy"]["systems"]["ours"]["info"]
-  assert "--xla_cpu_max_isa=AVX2" in ours["xla_flags"] and ours["panel_width"] == 24
+  assert "--xla_cpu_max_isa=AVX2" in ours["xla_flags"] and ours["panel_width"] == 16
   assert ours["devices"] == 1 and "host_platform_device_count" not in ours["xla_flags"]   # --decode_devices 1
   assert "ours decoding on 1 device (--decode_devices 1)" in report.render_run(result)
   assert result["train"]["systems"]["torch"]["info"]["cpu_capability"] == "AVX2"
