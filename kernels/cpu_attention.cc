@@ -29,9 +29,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <thread>
-#include <cstdint>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX__)
