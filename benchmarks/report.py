@@ -24,7 +24,9 @@ TRAIN_LABELS = {"ours": "ours, float32", "ours_bf16": "ours, bfloat16 matmuls",
                 "ours_baseline": "ours, float32, --baseline checkout"}
 DECODE_LABELS = {"ours": "ours, float32", "ours_bf16": "ours, bfloat16 matmuls",
                  "hf": "Hugging Face generate, eager", "hf_compile": "Hugging Face generate, torch.compile",
-                 "ct2": "CTranslate2 float32", "ct2_int8": "CTranslate2 int8_float32",
+                 "ct2": "CTranslate2 float32", "ct2_avx2": "CTranslate2 float32, oneDNN capped at AVX2",
+                 "ct2_best": "CTranslate2 float32, the faster of the two in each round",
+                 "ct2_int8": "CTranslate2 int8_float32",
                  "ours_baseline": "ours, float32, --baseline checkout"}
 
 

@@ -14,7 +14,8 @@ from benchmarks import harness, report, throughput
 TINY = ["--d_model", "32", "--num_layers", "1", "--num_heads", "2", "--d_ff", "64", "--vocab", "300",
         "--batch", "4", "--src_len", "8", "--tgt_len", "8", "--decode_batch", "4", "--decode_len", "8",
         "--beam_size", "2", "--repeats", "1", "--warmup", "0", "--pause", "0"]
-PEERS = ["torch", "torch_bf16", "torch_compile", "torch_compile_bf16", "hf", "hf_compile", "ct2", "ct2_int8"]
+PEERS = ["torch", "torch_bf16", "torch_compile", "torch_compile_bf16", "hf", "hf_compile", "ct2", "ct2_avx2",
+         "ct2_int8"]
 
 FAKE_SYSTEM = textwrap.dedent("""
     import os, time
@@ -113,6 +114,17 @@ def test_throughput_peers_each_in_own_process(tmp_path):
     assert greedy["systems"][name]["status"] == "ready", greedy["systems"][name]
     assert f"ours/{name}" in greedy["ratios"]
   assert greedy["systems"]["ct2_int8"]["info"]["compute_type"] == "int8_float32"
+  # CTranslate2 float32 twice: as installed, and with oneDNN capped at AVX2; ct2_best is the faster of the
+  # two in each round, and the ratio the targets use.
+  assert greedy["systems"]["ct2"]["info"]["onednn_max_cpu_isa"] == "native"
+  assert greedy["systems"]["ct2_avx2"]["info"]["onednn_max_cpu_isa"] == "AVX2"
+  for task in ("greedy", "beam"):
+    part = result["decode"][task]["systems"]
+    best = part["ct2_best"]
+    assert best["best_of"] == ["ct2", "ct2_avx2"]
+    assert best["seconds"] == [min(a, b) for a, b in zip(part["ct2"]["seconds"], part["ct2_avx2"]["seconds"])]
+    assert "ours/ct2_best" in result["decode"][task]["ratios"]
+  assert "the faster of the two in each round" in report.render_run(result)
 
 
 def test_isa_option_names_its_results_file_and_caps_xla():
@@ -123,6 +135,15 @@ def test_isa_option_names_its_results_file_and_caps_xla():
   flags = throughput.xla_env(2, "avx2")["XLA_FLAGS"].split()
   assert "--xla_cpu_max_isa=AVX2" in flags and "--xla_force_host_platform_device_count=2" in flags
   assert "xla_cpu_max_isa" not in throughput.xla_env(1)["XLA_FLAGS"]
+
+
+def test_best_of_takes_the_faster_setting_in_each_round():
+  times = {"ours": [1.0, 1.0, 1.0], "ct2": [3.0, 2.0, 4.0], "ct2_avx2": [2.5, 2.2, 3.0]}
+  best = throughput.best_of(times)
+  assert best["ct2_best"] == [2.5, 2.0, 3.0] and best["ct2"] == times["ct2"]
+  assert throughput.ratios(best, [("ours", "ct2_best")])["ours/ct2_best"]["of_medians"] == 2.5
+  assert "ct2_best" not in throughput.best_of({"ct2": [3.0]})                  # ct2_avx2 skipped
+  assert "ct2_best" not in throughput.best_of({"ct2": [3.0], "ct2_avx2": []})   # ct2_avx2 failed
 
 
 def test_decode_devices_option_names_its_results_file_and_refuses_zero(capsys):
@@ -143,7 +164,7 @@ def test_throughput_isa_avx2_caps_every_system(tmp_path):
     pytest.importorskip(name)
   out = tmp_path / "throughput.json"
   throughput.main(TINY + ["--isa", "avx2", "--decode_devices", "1", "--out", str(out), "--skip",
-                          ",".join(n for n in PEERS + ["peak"] if n not in ("torch", "ct2"))])
+                          ",".join(n for n in PEERS + ["peak"] if n not in ("torch", "ct2", "ct2_avx2"))])
   result = json.loads(out.read_text())
   ours = result["decode"]["greedy"]["systems"]["ours"]["info"]
   assert "--xla_cpu_max_isa=AVX2" in ours["xla_flags"] and ours["panel_width"] == 16
@@ -152,6 +173,7 @@ def test_throughput_isa_avx2_caps_every_system(tmp_path):
   assert result["train"]["systems"]["torch"]["info"]["cpu_capability"] == "AVX2"
   assert result["decode"]["greedy"]["systems"]["ct2"]["info"]["isa"] == "AVX2"
   assert result["decode"]["greedy"]["systems"]["ct2"]["status"] == "ready"
+  assert result["decode"]["greedy"]["systems"]["ct2_avx2"]["reason"].startswith("--isa caps ct2 itself")
   for part in (result["train"], result["decode"]["greedy"]):   # bfloat16 would keep AVX512-BF16 in XLA
     assert part["systems"]["ours_bf16"]["status"] == "skipped"
     assert part["systems"]["ours_bf16"]["reason"].startswith("--isa")

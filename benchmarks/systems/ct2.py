@@ -35,7 +35,8 @@ def setup(spec: dict):
   vocab = files.pieces(spec["model"]["vocab_size"])
   tokens = [[vocab[i] for i in row] for row in src]
   tasks, info = {}, {"compute_type": translator.compute_type, "threads": spec["threads"],
-                     "isa": os.environ.get("CT2_FORCE_CPU_ISA", "native")}
+                     "isa": os.environ.get("CT2_FORCE_CPU_ISA", "native"),
+                     "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "native")}
   for task in spec["tasks"]:
     tasks[task], info[task] = search(spec, translator, tokens, worker.beam_size(spec, task))
   return tasks, info
