@@ -41,15 +41,15 @@ def translation_prompts(src) -> np.ndarray:
   return left_pad([[BOS, *row[row != 0], SEP] for row in src], src.shape[1] + 2)
 
 
-def prefilled(model, params, prompt, max_len):
+def prefilled(model, params, prompt, max_len, weights=None):
   """A decoder-only model's search callback and cache after a cached prefill of prompt int32 [n, P]
   (left-padded), with room for max_len generated tokens: (tokens_to_logits, cache) for beam_search or
-  sample with bos_id=0.
+  sample with bos_id=0. weights: the model's decoding_weights (None: computed here).
 
   Prefills all but the last prompt token; the search's first call (whatever bos it feeds) reads each
   row's last prompt token instead, so rows of different prompts start together."""
   variables = {"params": params}
-  memory = model.apply(variables, None, method="prepare_decoding")
+  memory = model.apply(variables, None, weights, method="prepare_decoding")
   n, length = prompt.shape
   cache = init_cache(model.cfg, n, length + max_len)
   if length > 1:

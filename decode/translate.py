@@ -78,11 +78,11 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   # elsewhere: XLA ops).
   fast = ops_for(cfg).beam_extensions
 
-  def encoded(params, src):
+  def encoded(params, src, weights):
     """The encoder-decoder's callback and cache: the encoder runs once per batch."""
     variables = {"params": params}
     enc_out = model.apply(variables, src, method="encode")
-    memory = model.apply(variables, enc_out, method="prepare_decoding")   # once per batch
+    memory = model.apply(variables, enc_out, weights, method="prepare_decoding")   # once per batch
     src_mask = src != 0
 
     def tokens_to_logits(ids, cache):
@@ -92,15 +92,16 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
     cache = init_cache(cfg, src.shape[0], steps, beam_slots=not sampling and beam_size > 1)
     return tokens_to_logits, cache, BOS, functools.partial(reorder_cache, cfg)
 
-  def search(params, src, limits, rng):
-    """src: sources int32 [n, len], or with a decoder-only model their prompts (translation_prompts)."""
+  def search(params, src, limits, rng, weights=None):
+    """src: sources int32 [n, len], or with a decoder-only model their prompts (translation_prompts);
+    weights: decoding_weights_fn(cfg, mesh)(params), or None to compute them in every call."""
     if sharded and sampling:
       rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     if cfg.arch == "decoder_only":   # a cached prefill of BOS source SEP, then the same search
-      tokens_to_logits, cache = prompt_lib.prefilled(model, params, src, steps)
+      tokens_to_logits, cache = prompt_lib.prefilled(model, params, src, steps, weights)
       bos, reorder = 0, None
     else:
-      tokens_to_logits, cache, bos, reorder = encoded(params, src)
+      tokens_to_logits, cache, bos, reorder = encoded(params, src, weights)
     if sampling:
       seqs, scores = sampling_lib.sample(
           tokens_to_logits, cache, rng, batch_size=src.shape[0], max_len=limits, max_steps=steps,
@@ -114,8 +115,23 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   if not sharded:
     return jax.jit(search)
   rows = P("data")
-  return jax.jit(jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, P()), out_specs=rows,
-                               check_vma=False))
+  split = jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, P(), P()), out_specs=rows,
+                        check_vma=False)
+  return jax.jit(lambda params, src, limits, rng, weights=None: split(params, src, limits, rng, weights))
+
+
+@functools.lru_cache(maxsize=None)
+def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
+  """The jitted params -> the model's decoding_weights (the output layer's table and, on the C++ path,
+  the decoder's kernels laid out as panels), replicated over the mesh: what search_fn's searches read
+  in every step and that depends on the parameters alone. translate() computes it once for all its
+  batches; laid out in every batch, it cost greedy decoding of 16 sentences about 8% of its time
+  (benchmarks/notes/changes.md)."""
+  model = Transformer(cfg)
+  weights = lambda params: model.apply({"params": params}, method="decoding_weights")
+  if mesh is None:
+    return jax.jit(weights)
+  return jax.jit(weights, out_shardings=NamedSharding(mesh, P()))
 
 
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
@@ -148,6 +164,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   mesh = device_mesh() if mesh is None else mesh
   num_devices = mesh.devices.size
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
+  weights = decoding_weights_fn(cfg, mesh)(params)              # laid out once, not per batch
   if vocab.eos_id != EOS or vocab.bos_id != BOS:
     raise ValueError(f"translate expects bos={BOS} and eos={EOS} (data.vocab ids)")
   sentences = list(sentences)
@@ -197,7 +214,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       if prompts:
         src = prompt_lib.translation_prompts(src)
       rng, batch_rng = jax.random.split(rng)
-      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), batch_rng))
+      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), batch_rng,
+                                           weights))
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
       bar.update(len(chunk))

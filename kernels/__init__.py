@@ -8,7 +8,7 @@ TransformerConfig.kernels chooses them:
   dropout16      dropout drawing 16 random bits per element instead of 32
   decode_cache   head-major decoding caches stored in the matmul dtype, and beam-slot caches that beam
                  search never copies
-  output_layer   the pre-softmax weights transposed once per batch for decoding
+  output_layer   the pre-softmax weights laid out once per set of parameters for decoding
   fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
   cpu_attention  the decoding step's attention, and beam search's choice of candidates, as C++ custom
                  calls (compiled on first use)

@@ -1,4 +1,4 @@
-"""The decoder's pre-softmax weights laid out once per batch, for incremental decoding.
+"""The decoder's pre-softmax weights laid out once per set of parameters, for incremental decoding.
 
 The model computes logits as y @ table^T with the [vocab, d_model] table (the shared embedding). Inside
 the decoding loop XLA:CPU transposes that table at every step; transposed once before the loop (and

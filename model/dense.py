@@ -9,9 +9,9 @@ x 256 x 1,024 took 204 us with XLA's dot, 631 us read with that stride and 150-1
 (benchmarks/notes/changes.md).
 
 These are flax's nn.Dense and nn.DenseGeneral, with the same parameters and the same results when called
-as usual. `decoding_panels(layout)` lays out the kernel once per batch (Transformer.prepare_decoding keeps
-it in the decoding memory, on the C++ path of model/ops.py only), and `__call__(x, panels)` multiplies
-by it with the C++ panel product of kernels/cpu_attention.py.
+as usual. `decoding_panels(layout)` lays out the kernel once per set of parameters
+(Transformer.decoding_weights; the decoding memory keeps it, on the C++ path of model/ops.py only), and
+`__call__(x, panels)` multiplies by it with the C++ panel product of kernels/cpu_attention.py.
 """
 from __future__ import annotations
 

@@ -38,9 +38,11 @@ class Ops:
   dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
   cache: beam_slots -> the decoding cache (model.cache.KVCache's methods).
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
-  batch from the [vocab, d_model] table), and decoder outputs [n, d_model] x those -> float32 logits.
-  layer_panels: None, or how a decoding step's other kernels are laid out once per batch ([d_in, d_out]
-  -> panels, model/dense.py): the C++ path in float32, like the output layer's decoding_weights.
+  set of parameters from the [vocab, d_model] table: Transformer.decoding_weights), and decoder outputs
+  [n, d_model] x those -> float32 logits.
+  layer_panels: None, or how a decoding step's other kernels are laid out once per set of parameters
+  ([d_in, d_out] -> panels, model/dense.py): the C++ path in float32, like the output layer's
+  decoding_weights.
   fused_loss: train/ may fuse the output layer with the loss (kernels/fused_loss.py).
   beam_extensions: how a beam search step picks its candidates (decode.beam_search.select_extensions'
   signature): None for the XLA ops, kernels/cpu_attention.beam_extensions's custom call on the CPU path.

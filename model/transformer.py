@@ -6,7 +6,8 @@
 
 Incremental decoding (what decode/ uses):
     enc_out = model.apply({'params': params}, src, method='encode')          # [b, src_len, d_model]
-    memory = model.apply({'params': params}, enc_out, method='prepare_decoding')   # once per batch
+    weights = model.apply({'params': params}, method='decoding_weights')   # once per set of parameters
+    memory = model.apply({'params': params}, enc_out, weights, method='prepare_decoding')   # once per batch
     cache = init_cache(cfg, batch_size=n, max_len=L)
     logits, cache = model.apply({'params': params}, ids, cache, memory, src != 0, method='decode_step')
 """
@@ -262,17 +263,24 @@ class Transformer(nn.Module):
     return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
                                             tgt_positions, deterministic))
 
-  def prepare_decoding(self, enc_out):
-    """What every decoding step reads and nothing changes, computed once per batch: per decoder layer
-    the cross-attention keys and values of enc_out [b, src_len, d_model] ('cross', laid out as the
-    decoding cache reads them), the pre-softmax weights ('output') and, on the C++ path, the kernels
-    laid out as panels ('panels', model/dense.py)."""
+  def decoding_weights(self):
+    """What every decoding step reads that depends on the parameters alone: the pre-softmax weights
+    ('output') and, on the C++ path, the decoder's kernels laid out as panels ('panels',
+    model/dense.py). decode/translate.py computes them once per set of parameters, not once per batch."""
     ops = ops_for(self.cfg)
-    memory = {"output": ops.decoding_weights(self.output_table())}
+    weights = {"output": ops.decoding_weights(self.output_table())}
     if ops.layer_panels is not None:
-      memory["panels"] = self.decoder.decoding_panels(ops.layer_panels)
+      weights["panels"] = self.decoder.decoding_panels(ops.layer_panels)
+    return weights
+
+  def prepare_decoding(self, enc_out, weights=None):
+    """What every decoding step reads and nothing changes, computed once per batch: `weights` (from
+    `decoding_weights`; None: computed here) and per decoder layer the cross-attention keys and values
+    of enc_out [b, src_len, d_model] ('cross', laid out as the decoding cache reads them)."""
+    memory = dict(self.decoding_weights() if weights is None else weights)
     if self.cfg.arch != "decoder_only":   # else nothing to cross-attend to; enc_out may be None
-      memory["cross"] = self.decoder.cross_kv(enc_out, ops.cache(False))   # same for every cache kind
+      cache = ops_for(self.cfg).cache(False)   # the keys' and values' layout: the same for every cache kind
+      memory["cross"] = self.decoder.cross_kv(enc_out, cache)
     return memory
 
   def prefill(self, prompt, cache, memory):

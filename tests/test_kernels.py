@@ -296,7 +296,7 @@ def _panel_products(cfg, src):
     (dict(arch="decoder_only", activation="swiglu", num_kv_heads=2), 4 + 3),
 ])
 def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_layer):
-  """On the C++ path a step multiplies by every decoder kernel laid out once per batch (and the output
+  """On the C++ path a step multiplies by every decoder kernel laid out once per set of parameters (and the output
   layer); cross-attention's keys and values stay out (computed once); mixed precision keeps XLA's dots."""
   src = _ids(np.random.default_rng(0), (2, 5))
   cfg = SMALL.replace(kernels="cpu", **changes)

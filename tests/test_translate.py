@@ -14,6 +14,7 @@ from decode.__main__ import main as decode_main
 from decode.beam_search import length_penalty
 from experiments import default
 from model import Transformer, TransformerConfig
+from model.ops import ops_for
 from run import checkpoint as ckpt
 from run import config as config_io
 
@@ -74,6 +75,31 @@ def test_one_device_equals_eight_devices(model_and_params, vocab, corpus):
     assert [h for h, _ in a] == [h for h, _ in b]
     # Per-device batches have other shapes, so matmuls round differently: scores agree to ~1e-5.
     np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_decoding_weights_laid_out_once_search_as_laid_out_per_batch(model_and_params, vocab, corpus,
+                                                                     beam_size):
+  """translate() lays out the parameters' decoding weights once (decoding_weights_fn) and hands them to
+  every batch's search: the same bits as a search that lays them out itself, on two devices."""
+  model, params = model_and_params
+  mesh = translate_lib.device_mesh(jax.local_devices()[:2])
+  weights = translate_lib.decoding_weights_fn(model.cfg, mesh)(params)
+  assert "output" in weights and ("panels" in weights) == (ops_for(model.cfg).layer_panels is not None)
+  for leaf in jax.tree.leaves(weights):
+    assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 2
+  ids = [vocab.encode(s) for s, _ in corpus["test"][:4]]
+  src = np.zeros((4, max(map(len, ids))), np.int32)
+  for r, s in enumerate(ids):
+    src[r, :len(s)] = s
+  limits = np.full((4,), src.shape[1] + 4, np.int32)
+  sampling = (("temperature", 0.0),) if beam_size == 1 else ()
+  search = translate_lib.search_fn(model.cfg, beam_size, 0.6, 0, src.shape[1] + 4, sampling, mesh)
+  args = (params, jnp.asarray(src), jnp.asarray(limits), jax.random.key(0))
+  given, own = (jax.device_get(search(*args, *extra)) for extra in ([weights], []))
+  for a, b in zip(given, own):
+    np.testing.assert_array_equal(a, b)
+  assert (given[0] > 0).any()
 
 
 def test_scores_equal_a_teacher_forced_rescoring_of_the_hypotheses(model_and_params, vocab, corpus):
