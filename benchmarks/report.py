@@ -30,6 +30,11 @@ DECODE_LABELS = {"ours": "ours, float32", "ours_bf16": "ours, bfloat16 matmuls",
                  "ours_baseline": "ours, float32, --baseline checkout"}
 
 
+def _order(name: str) -> int:
+  """A decoding row's place in its table: DECODE_LABELS' order (ct2_best beside the two it takes from)."""
+  return list(DECODE_LABELS).index(name) if name in DECODE_LABELS else len(DECODE_LABELS)
+
+
 def _num(x: float) -> str:
   return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
@@ -129,7 +134,7 @@ def render_run(r: dict) -> str:
       part = decode[task]
       body = [[DECODE_LABELS.get(name, name), *_rate_cells(row, decode["tokens"]),
                _ratio_cell(name, part["ratios"]), _setup(row, task), _status(row)]
-              for name, row in part["systems"].items()]
+              for name, row in sorted(part["systems"].items(), key=lambda item: _order(item[0]))]
       what = "greedy" if task == "greedy" else f"beam {decode['beam_size']}"
       out += [f"Decoding, {what}: target tokens/s ({a['decode_batch']} sentences x {a['src_len']} "
               f"tokens, exactly {a['decode_len']} generated tokens each):", "",
