@@ -337,8 +337,9 @@ def main(argv=None):
         systems_rows = rows(task_times, workers, names, lambda s: {"tokens_per_s": tokens / s}, isa_skipped)
         for best, of in BEST_OF.items():
           if best in task_times:
-            systems_rows[best] = {"status": "ready", "best_of": list(of), **harness.summary(task_times[best]),
-                                  "tokens_per_s": tokens / harness.summary(task_times[best])["median_s"]}
+            summary = harness.summary(task_times[best])
+            systems_rows[best] = {"status": "ready", "best_of": list(of), **summary,
+                                  "tokens_per_s": tokens / summary["median_s"]}
         result["decode"][task] = {"systems": systems_rows, "ratios": ratios(task_times, DECODE_PAIRS)}
 
   return harness.finish(result, args.out, report.render_run)
