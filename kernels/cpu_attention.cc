@@ -14,12 +14,6 @@
 //   aiayn_panel_matmul(x [n, d], panels [count, d, width]) -> [n, columns], columns <= count * width
 //     A decoding step's few rows times a weight matrix laid out in panels: the output layer's and every
 //     decoder layer's (kernels/output_layer.py, model/dense.py).
-//   aiayn_panel_matmul_bias(x, panels, bias [columns]) -> [n, columns]
-//     The same plus a bias, added by each part to the columns it computed.
-//   aiayn_panel_matmul_norm(x, panels, bias, residual [n, columns], scale, offset, attribute epsilon)
-//     -> [n, columns]
-//     LayerNorm(residual + x panels + bias): a post-norm sub-layer's last product, its residual
-//     connection and its norm (model/layers.py's Residual.ending_in_product).
 //   aiayn_beam_extensions(logits [b, k, vocab], alive [b, k], mode int32 [b], attribute eos_id)
 //     -> (values [b, n], flat indices int32 [b, n])
 //     decode/beam_search.py's select_extensions (see BeamExtensionsImpl).
@@ -37,7 +31,6 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -456,33 +449,21 @@ void panel_rows(const float* x, const float* panels, int64_t d, int64_t count, f
   }
 }
 
-// Checks x [n, d], panels [count, d, kPanel] and out [n, columns] (columns in the last panel).
-ffi::Error check_panel_shapes(const char* name, ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::F32>& panels,
-                              ffi::ResultBuffer<ffi::F32>& out) {
+ffi::Error PanelMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                           ffi::ResultBuffer<ffi::F32> out) {
   const auto xs = x.dimensions(), ps = panels.dimensions(), os = out->dimensions();
   if (xs.size() != 2 || ps.size() != 3 || os.size() != 2)
-    return ffi::Error::InvalidArgument(std::string(name) + ": expected x of rank 2, panels of rank 3");
-  const int64_t count = ps[0], columns = os[1];
-  if (ps[1] != xs[1] || ps[2] != kPanel || os[0] != xs[0] || columns > count * kPanel ||
+    return ffi::Error::InvalidArgument("aiayn_panel_matmul: expected x of rank 2, panels of rank 3");
+  const int64_t n = xs[0], d = xs[1], count = ps[0];
+  const int64_t columns = os[1];
+  if (ps[1] != d || ps[2] != kPanel || os[0] != n || columns > count * kPanel ||
       columns <= (count - 1) * kPanel)
-    return ffi::Error::InvalidArgument(std::string(name) + ": shapes do not match (panels must be "
+    return ffi::Error::InvalidArgument("aiayn_panel_matmul: shapes do not match (panels must be "
                                        "[count, d, aiayn_panel_width()], out [n, columns] with columns "
                                        "in the last panel)");
-  return ffi::Error::Success();
-}
-
-// Checks that a vector operand holds one float per output column.
-ffi::Error check_columns(const char* name, const char* what, ffi::Buffer<ffi::F32>& v, int64_t columns) {
-  const auto vs = v.dimensions();
-  if (vs.size() != 1 || vs[0] != columns)
-    return ffi::Error::InvalidArgument(std::string(name) + ": " + what + " must hold one float per output column");
-  return ffi::Error::Success();
-}
-
-// out [n, columns] = x [n, d] times the panels [count, d, kPanel], then, where given, plus bias[c],
-// column by column in the part that computed them.
-void panel_product(ffi::ThreadPool& pool, const float* xp, const float* pp, int64_t n, int64_t d,
-                   int64_t count, int64_t columns, float* op, const float* bias) {
+  const float* xp = x.typed_data();
+  const float* pp = panels.typed_data();
+  float* op = out->typed_data();
   // Ranges of whole panels of about kPartBytes each (at least one range per thread where there are
   // panels enough), so that a range stays in a core's L2 while every group of rows passes over it.
   const int64_t panel_bytes = d * kPanel * static_cast<int64_t>(sizeof(float));
@@ -507,76 +488,7 @@ void panel_product(ffi::ThreadPool& pool, const float* xp, const float* pp, int6
       case 1: panel_rows<1>(xr, pr, d, last - first, orow, width, columns); break;
       default: break;
     }
-    if (bias == nullptr) return;
-    for (int64_t m = 0; m < n; ++m) {
-      float* row = op + m * columns + first * kPanel;
-      for (int64_t c = 0; c < width; ++c) row[c] = row[c] + bias[first * kPanel + c];
-    }
   });
-}
-
-ffi::Error PanelMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                           ffi::ResultBuffer<ffi::F32> out) {
-  if (auto error = check_panel_shapes("aiayn_panel_matmul", x, panels, out); error.failure()) return error;
-  panel_product(pool, x.typed_data(), panels.typed_data(), x.dimensions()[0], x.dimensions()[1],
-                panels.dimensions()[0], out->dimensions()[1], out->typed_data(), nullptr);
-  return ffi::Error::Success();
-}
-
-ffi::Error PanelMatmulBiasImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                               ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> out) {
-  const char* name = "aiayn_panel_matmul_bias";
-  if (auto error = check_panel_shapes(name, x, panels, out); error.failure()) return error;
-  const int64_t columns = out->dimensions()[1];
-  if (auto error = check_columns(name, "bias", bias, columns); error.failure()) return error;
-  panel_product(pool, x.typed_data(), panels.typed_data(), x.dimensions()[0], x.dimensions()[1],
-                panels.dimensions()[0], columns, out->typed_data(), bias.typed_data());
-  return ffi::Error::Success();
-}
-
-// out = LayerNorm(residual + (x times the panels + bias)) row by row, with scale and offset: flax's
-// nn.LayerNorm (mean and mean square in one pass, variance = mean square - mean^2 clipped at 0, then
-// (y - mean) * (rsqrt(variance + epsilon) * scale) + offset), in float32.
-ffi::Error PanelMatmulNormImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                               ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> residual,
-                               ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> offset, float epsilon,
-                               ffi::ResultBuffer<ffi::F32> out) {
-  const char* name = "aiayn_panel_matmul_norm";
-  if (auto error = check_panel_shapes(name, x, panels, out); error.failure()) return error;
-  const int64_t n = out->dimensions()[0], columns = out->dimensions()[1];
-  for (auto [what, v] : {std::pair<const char*, ffi::Buffer<ffi::F32>*>{"bias", &bias}, {"scale", &scale},
-                         {"offset", &offset}})
-    if (auto error = check_columns(name, what, *v, columns); error.failure()) return error;
-  const auto rs = residual.dimensions();
-  if (rs.size() != 2 || rs[0] != n || rs[1] != columns)
-    return ffi::Error::InvalidArgument(std::string(name) + ": residual must be [n, columns] like the output");
-  float* op = out->typed_data();
-  panel_product(pool, x.typed_data(), panels.typed_data(), n, x.dimensions()[1], panels.dimensions()[0],
-                columns, op, bias.typed_data());
-  const float* rp = residual.typed_data();
-  const float* gp = scale.typed_data();
-  const float* bp = offset.typed_data();
-  for (int64_t m = 0; m < n; ++m) {   // a few rows of d_model: not worth the pool
-    float* row = op + m * columns;
-    const float* res = rp + m * columns;
-    float sum[kLanes] = {}, squares[kLanes] = {};
-    int64_t c = 0;
-    for (; c + kLanes <= columns; c += kLanes)
-      for (int64_t u = 0; u < kLanes; ++u) {
-        const float y = res[c + u] + row[c + u];
-        row[c + u] = y, sum[u] += y, squares[u] += y * y;
-      }
-    float total = 0.0f, total_squares = 0.0f;
-    for (; c < columns; ++c) {
-      const float y = res[c] + row[c];
-      row[c] = y, total += y, total_squares += y * y;
-    }
-    for (int64_t u = 0; u < kLanes; ++u) total += sum[u], total_squares += squares[u];
-    const float mean = total / static_cast<float>(columns);
-    const float variance = std::max(0.0f, total_squares / static_cast<float>(columns) - mean * mean);
-    const float inverse = 1.0f / std::sqrt(variance + epsilon);
-    for (c = 0; c < columns; ++c) row[c] = (row[c] - mean) * (inverse * gp[c]) + bp[c];
-  }
   return ffi::Error::Success();
 }
 
@@ -727,26 +639,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynPanelMatmul, PanelMatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynPanelMatmulBias, PanelMatmulBiasImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynPanelMatmulNorm, PanelMatmulNormImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("epsilon")
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AiaynSlotAttention, SlotAttentionImpl,

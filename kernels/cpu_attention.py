@@ -38,8 +38,7 @@ import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention",
-           "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul",
-           "aiayn_panel_matmul_bias": "AiaynPanelMatmulBias", "aiayn_panel_matmul_norm": "AiaynPanelMatmulNorm"}
+           "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul"}
 
 
 # With -march=native the vector width is this machine's (cpu_attention.cc); AIAYN_CPU_MARCH names another
@@ -147,24 +146,6 @@ def panel_matmul(x, panels, columns=None):
   columns = panels.shape[0] * panels.shape[2] if columns is None else columns
   out = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)
   return _call("aiayn_panel_matmul", out)(x.astype(jnp.float32), panels)
-
-
-def panel_matmul_bias(x, panels, bias):
-  """panel_matmul(x, panels, len(bias)) + bias float32 [columns]: the bias added inside the call, as
-  each range of panels is done, with the bits of XLA's addition after the call."""
-  out = jax.ShapeDtypeStruct((x.shape[0], bias.shape[0]), jnp.float32)
-  return _call("aiayn_panel_matmul_bias", out)(x.astype(jnp.float32), panels, bias.astype(jnp.float32))
-
-
-def panel_matmul_norm(x, panels, bias, residual, scale, offset, epsilon: float):
-  """LayerNorm(residual + panel_matmul_bias(x, panels, bias)) with flax nn.LayerNorm's arithmetic
-  (scale, offset float32 [columns]; residual float32 [n, columns]): a post-norm sub-layer's last
-  product, its residual connection and its norm in one call, where XLA runs the sums, the rsqrt and
-  the elementwise steps as a handful of small ops. Equal to those ops up to float rounding."""
-  out = jax.ShapeDtypeStruct(residual.shape, jnp.float32)
-  f32 = lambda a: a.astype(jnp.float32)
-  return _call("aiayn_panel_matmul_norm", out)(
-      f32(x), panels, f32(bias), f32(residual), f32(scale), f32(offset), epsilon=np.float32(epsilon))
 
 
 def slot_attention(q, k, v, slot, index):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from model import positions as positions_lib
-from model.dense import DenseGeneral, side_by_side_panels, side_by_side_product
+from model.dense import DenseGeneral
 
 
 # Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
@@ -83,8 +83,7 @@ class MultiHeadAttention(nn.Module):
   """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
 
   Besides the plain call, it exposes the pieces incremental decoding needs: `project_kv` (keys and
-  values of a memory, computed once), `project_q`, `project_qkv` (both of one input, for self-attention),
-  `heads` (attention without W^O) and `out` (W^O).
+  values of a memory, computed once), `project_q`, `heads` (attention without W^O) and `out` (W^O).
   """
   num_heads: int
   d_k: int
@@ -123,27 +122,11 @@ class MultiHeadAttention(nn.Module):
     q = self.query(x, (panels or {}).get("query"))
     return positions_lib.rope(q, positions) if self.rope else q
 
-  def project_qkv(self, x, positions=None, panels=None):
-    """Self-attention's (queries, keys, values) of x: project_q and project_kv of the same x. With the
-    decoding panels' 'qkv', one product by the three kernels side by side (model/dense.py)."""
-    panels = panels or {}
-    if "qkv" not in panels:
-      return (self.project_q(x, positions, panels), *self.project_kv(x, positions, panels))
-    q, k, v = side_by_side_product((self.query, self.key, self.value), x, panels["qkv"])
-    if self.rope:
-      q, k = positions_lib.rope(q, positions), positions_lib.rope(k, positions)
-    return q, k, v
-
   def decoding_panels(self, layout, cross: bool = False):
     """The projections a decoding step runs, laid out by `layout` (model/dense.py): {name: panels}.
-    Self-attention's query, key and value kernels are laid out side by side ('qkv', for project_qkv).
     Cross-attention's keys and values are computed once per batch, so they keep their kernels."""
-    panels = {"out": self.out.decoding_panels(layout)}
-    if cross:
-      panels["query"] = self.query.decoding_panels(layout)
-    else:
-      panels["qkv"] = side_by_side_panels((self.query, self.key, self.value), layout)
-    return panels
+    names = ("query", "out") if cross else ("query", "key", "value", "out")
+    return {name: getattr(self, name).decoding_panels(layout) for name in names}
 
   def heads(self, q, k, v, mask, deterministic=True, bias=None):
     """Queries [b, q, h, d_k] against keys [b, kv, g, d_k] and values [b, kv, g, d_v] -> [b, q, h, d_v]."""

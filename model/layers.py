@@ -10,7 +10,7 @@ import jax
 
 from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
-from model.dense import Dense, product_and_norm
+from model.dense import Dense
 from model.ops import ops_for
 
 
@@ -23,10 +23,9 @@ class FeedForward(nn.Module):
   cfg: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, deterministic=True, panels=None, finish=None):
+  def __call__(self, x, deterministic=True, panels=None):
     """x [b, len, d_model] -> [b, len, d_model]; panels: None, or the kernels laid out for a decoding
-    step (`decoding_panels`); finish: None, or what computes the last product, finish(wo, h)
-    (Residual.ending_in_product)."""
+    step (`decoding_panels`)."""
     cfg, ops, panels = self.cfg, ops_for(self.cfg), panels or {}
     dense = lambda n, name, x: Dense(n, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
                                      kernel_init=nn.initializers.xavier_uniform(),
@@ -35,10 +34,6 @@ class FeedForward(nn.Module):
     if cfg.activation in ("swiglu", "geglu"):
       h = h * dense(cfg.d_ff, "wi_linear", x)
     h = ops.dropout(cfg.relu_dropout_rate, name="Dropout_0")(h, deterministic=deterministic)
-    if finish is not None:
-      return finish(Dense(cfg.d_model, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
-                          kernel_init=nn.initializers.xavier_uniform(), dot_general=ops.dot_general,
-                          name="wo"), h)
     return dense(cfg.d_model, "wo", h)                    # [b, len, d_model]
 
   def decoding_panels(self, layout):
@@ -77,17 +72,6 @@ class Residual(nn.Module):
     if self.cfg.pre_norm:
       return x + self.dropout(sublayer(self.norm(x)), deterministic=deterministic)
     return self.norm(x + self.dropout(sublayer(x), deterministic=deterministic))
-
-  def ending_in_product(self, x, sublayer, panels, deterministic=True):
-    """The same for a decoding step's sub-layer whose last step is a product by its kernel laid out as
-    `panels`: sublayer(y, finish) computes that product's input h and returns finish(dense, h), dense
-    the layer that multiplies. Post-norm with a LayerNorm on panels runs that product, the residual
-    connection and the norm as one C++ call (model/dense.product_and_norm); otherwise finish is
-    dense(h, panels) and the rest is __call__'s."""
-    if (panels is not None and deterministic and not self.cfg.pre_norm and
-        isinstance(self.norm, nn.LayerNorm)):
-      return sublayer(x, lambda dense, h: product_and_norm(dense, h, panels, x, self.norm))
-    return self(x, lambda y: sublayer(y, lambda dense, h: dense(h, panels).reshape(y.shape)), deterministic)
 
 
 class EncoderLayer(nn.Module):
@@ -172,26 +156,25 @@ class DecoderLayer(nn.Module):
         mask = mask if key_mask is None else mask & key_mask
         return self.self_attention.heads(q, k, v, mask, bias=bias)
 
-    def self_attend(y, finish):
-      q, k_new, v_new = self.self_attention.project_qkv(y, positions, own)  # [n, 1, h or g, d]
+    def self_attend(y):
+      k_new, v_new = self.self_attention.project_kv(y, positions, own)      # [n, 1, g, d]
+      q = self.self_attention.project_q(y, positions, own)                  # [n, 1, h, d_k]
       heads, new_cache["layer"] = kv.attend_self(attend, q, k_new, v_new, layer_cache, index, context)
-      return finish(self.self_attention.out, heads)
+      return self.self_attention.out(heads, own.get("out")).reshape(y.shape)
 
-    def cross_attend(y, finish):
+    def cross_attend(y):
       keys, values = cross
       b, n = src_mask.shape[0], y.shape[0]
       q = self.cross_attention.project_q(y, panels=other).reshape(
           b, n // b, self.cfg.num_heads, self.cfg.head_dim_k)           # [b, k, h, d_k]
       mask = src_mask[:, None, None, :]                                 # [b, 1, 1, src_len]
       heads = kv.attend_cross(self.cross_attention.heads, q, keys, values, mask)   # [b, k, h, d_v]
-      return finish(self.cross_attention.out, heads)
+      return self.cross_attention.out(heads, other.get("out")).reshape(n, 1, -1)
 
-    ffn = panels.get("ffn")
-    x = self.residual_self.ending_in_product(x, self_attend, own.get("out"))
+    x = self.residual_self(x, self_attend)
     if self.has_cross:
-      x = self.residual_cross.ending_in_product(x, cross_attend, other.get("out"))
-    x = self.residual_ffn.ending_in_product(
-        x, lambda y, finish: self.ffn(y, panels=ffn, finish=finish), (ffn or {}).get("wo"))
+      x = self.residual_cross(x, cross_attend)
+    x = self.residual_ffn(x, lambda y: self.ffn(y, panels=panels.get("ffn")))
     return x, new_cache["layer"]
 
   def decoding_panels(self, layout):

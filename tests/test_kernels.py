@@ -276,35 +276,6 @@ def test_dense_layers_on_their_panels_equal_their_plain_call(make, x_shape):
                                   method="decoding_panels")
 
 
-@pytest.mark.parametrize("num_kv_heads, rope", [(None, False), (2, True)])
-def test_self_attention_projects_q_k_v_in_one_product_with_each_projections_bits(num_kv_heads, rope):
-  """project_qkv on the 'qkv' panels (query, key and value kernels side by side): one panel product, and
-  the same bits as each projection on its own panels; close to the plain projections. Grouped-query
-  widths (key and value narrower than the query) and rotary positions included."""
-  from model.attention import MultiHeadAttention
-  module = MultiHeadAttention(num_heads=4, d_k=8, d_v=8, d_model=32, num_kv_heads=num_kv_heads, rope=rope)
-  rng = np.random.default_rng(3)
-  x = jnp.asarray(rng.standard_normal((6, 1, 32)), jnp.float32)
-  positions = jnp.asarray(rng.integers(0, 9, (6, 1)), jnp.int32)
-  variables = module.init(jax.random.key(0), x, x, None, positions=positions)
-  variables = jax.tree.map(lambda v: v + 0.25, variables)             # biases that are not zero
-  fused = module.apply(variables, output_layer.kernel_panels, method="decoding_panels")
-  assert set(fused) == {"qkv", "out"}
-  heads = module.num_kv_heads or module.num_heads
-  assert fused["qkv"].shape[0] * fused["qkv"].shape[2] >= 32 + 2 * heads * 8
-  separate = {name: module.apply(variables, output_layer.kernel_panels,
-                                 method=lambda m, layout, name=name: getattr(m, name).decoding_panels(layout))
-              for name in ("query", "key", "value")}
-  run = jax.jit(lambda v, x, p: module.apply(v, x, positions, p, method="project_qkv"))
-  one, three, plain = run(variables, x, fused), run(variables, x, separate), run(variables, x, None)
-  assert jax.jit(lambda v, x, p: module.apply(v, x, positions, p, method="project_qkv")).lower(
-      variables, x, fused).as_text().count("aiayn_panel_matmul") == 1
-  for a, b, c in zip(one, three, plain):
-    assert a.shape == c.shape
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
-
-
 def _panel_products(cfg, src):
   """How many C++ panel products one decode_step runs (in its compiled HLO), and the decoding memory."""
   model = Transformer(cfg)
@@ -317,60 +288,25 @@ def _panel_products(cfg, src):
                                                 None if cfg.arch == "decoder_only" else src != 0,
                                                 method="decode_step"))
   hlo = step.lower(src[:, 0], cache).as_text()
-  return hlo.count("aiayn_panel_matmul"), memory, hlo.count("aiayn_panel_matmul_norm")
+  return hlo.count("aiayn_panel_matmul"), memory
 
 
 @pytest.mark.parametrize("changes, per_layer", [
-    ({}, 2 + 2 + 2),                                           # self qkv (one product) out, cross q out, FFN
-    (dict(arch="decoder_only", activation="swiglu", num_kv_heads=2), 2 + 3),
+    ({}, 4 + 2 + 2),                                                   # self q k v out, cross q out, FFN
+    (dict(arch="decoder_only", activation="swiglu", num_kv_heads=2), 4 + 3),
 ])
 def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_layer):
   """On the C++ path a step multiplies by every decoder kernel laid out once per set of parameters (and the output
   layer); cross-attention's keys and values stay out (computed once); mixed precision keeps XLA's dots."""
   src = _ids(np.random.default_rng(0), (2, 5))
   cfg = SMALL.replace(kernels="cpu", **changes)
-  count, memory, _ = _panel_products(cfg, src)
+  count, memory = _panel_products(cfg, src)
   assert count == per_layer * cfg.num_decoder_layers + 1
   assert len(memory["panels"]) == cfg.num_decoder_layers
   assert set(memory["panels"][0].get("cross_attention", {})) <= {"query", "out"}
-  count, memory, _ = _panel_products(cfg.replace(matmul_dtype="bfloat16"), src)
+  count, memory = _panel_products(cfg.replace(matmul_dtype="bfloat16"), src)
   assert count == 0 and "panels" not in memory
   assert _panel_products(cfg.replace(kernels="reference"), src)[0] == 0
-
-
-@pytest.mark.parametrize("changes, norms_per_layer", [
-    ({}, 3),                                        # post-norm LayerNorm: after self, cross, FFN
-    (dict(arch="decoder_only"), 2),
-    (dict(pre_norm=True), 0),                       # the norm comes first: nothing to fuse
-    (dict(norm="rmsnorm"), 0),
-])
-def test_post_norm_residuals_run_in_the_last_product_of_their_sub_layer(changes, norms_per_layer):
-  """Residual.ending_in_product: with post-norm LayerNorm, each sub-layer's last product, its residual
-  connection and its norm are one panel_matmul_norm call in a decoding step; other norms keep XLA's."""
-  src = _ids(np.random.default_rng(0), (2, 5))
-  cfg = SMALL.replace(kernels="cpu", **changes)
-  _, _, norms = _panel_products(cfg, src)
-  assert norms == norms_per_layer * cfg.num_decoder_layers
-
-
-def test_panel_products_with_a_bias_and_with_a_residual_norm():
-  """panel_matmul_bias: the bits of panel_matmul plus the bias; panel_matmul_norm: flax's LayerNorm of
-  the residual plus that, up to float rounding (with rows of two sizes, so a part of a panel too)."""
-  rng = np.random.default_rng(5)
-  f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
-  for n, d, columns in ((3, 40, 70), (9, 64, 256)):
-    x, kernel, bias = f32(n, d), f32(d, columns), f32(columns)
-    residual, scale, offset = f32(n, columns) * 3.0, f32(columns), f32(columns)
-    panels = output_layer.kernel_panels(kernel)
-    plain = jax.jit(lambda x, p: cpu_attention.panel_matmul(x, p, columns))(x, panels) + bias
-    np.testing.assert_array_equal(jax.jit(cpu_attention.panel_matmul_bias)(x, panels, bias), plain)
-    want = nn.LayerNorm(epsilon=1e-6).apply({"params": {"scale": scale, "bias": offset}}, residual + plain)
-    got = jax.jit(functools.partial(cpu_attention.panel_matmul_norm, epsilon=1e-6))(
-        x, panels, bias, residual, scale, offset)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  with pytest.raises(Exception, match="one float per output column"):
-    jax.block_until_ready(cpu_attention.panel_matmul_norm(x, panels, bias[:-1], residual[:, :-1], scale[:-1],
-                                                          offset, 1e-6))
 
 
 def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
