@@ -19,7 +19,7 @@ import numpy as np
 
 from benchmarks import files
 from data.batching import BatchIterator
-from export import ctranslate2 as ct2_export
+from export import ct2 as ct2_export
 from export import hf as hf_export
 from model import Transformer, TransformerConfig
 

@@ -3,7 +3,7 @@
     python -m export --workdir RUN [--checkpoint STEP|averaged|latest] --format hf|ctranslate2 --out DIR
 
 export/weights.py holds what both share (checks, the d_model permutation, the neutral weight dict);
-export/hf.py and export/ctranslate2.py write one format each. Both need the `interop` extra:
+export/hf.py and export/ct2.py write one format each. Both need the `interop` extra:
 pip install -e '.[interop]'.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import pathlib
 import sys
 
+import data
 import run
 from model.config import as_dtype
 from export.weights import FORMATS, UnsupportedOption, check_exportable
@@ -38,8 +39,9 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
     beam = opened.config.decode.get("beam_size") if "decode" in opened.config else None
     out = hf.export_hf(opened.params, cfg, opened.vocab, spm_path, out_dir, beam_size=beam)
   else:
-    from export import ctranslate2
-    out = ctranslate2.export_ctranslate2(opened.params, cfg, opened.vocab, spm_path, out_dir)
+    from export import ct2   # ctranslate2: only for this format
+    out = ct2.export_ctranslate2(opened.params, cfg, opened.vocab, spm_path, out_dir,
+                                 source_eos=data.source_eos(opened.config.data))
   (out / "aiayn_export.json").write_text(json.dumps(
       {"workdir": str(pathlib.Path(workdir).absolute()), "step": int(opened.step), "format": fmt,
        "layer_norm_epsilon": cfg.layer_norm_epsilon}, indent=2) + "\n")

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from data.vocab import Vocab, train_vocab
 import export
 from export import __main__ as export_cli
-from export import ctranslate2 as ct2_export
+from export import ct2 as ct2_export
 from export import hf as hf_export
 from experiments.default import get_config
 from model import Transformer, TransformerConfig

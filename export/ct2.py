@@ -18,10 +18,13 @@ from export.weights import check_exportable, neutral_weights, pieces_of
 from model.config import TransformerConfig
 
 
-def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str]):
+def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str], *, source_eos: bool = False):
   """Our params -> a ctranslate2 TransformerSpec with vocabularies and config filled in.
 
   pieces: the token string of every id (CTranslate2 takes and returns token strings).
+  source_eos: the run's config.data.source_eos. CTranslate2 then appends EOS to every source itself
+  (config.json's add_source_eos), so that a user's source pieces go in as the SentencePiece model cuts
+  them. Our sources never start with BOS (add_source_bos is always false).
   """
   from ctranslate2.specs import common_spec, transformer_spec
   check_exportable(cfg, "ctranslate2")
@@ -71,6 +74,8 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str]):
   spec.config.bos_token = pieces[vocab.bos_id]
   spec.config.eos_token = pieces[vocab.eos_id]
   spec.config.decoder_start_token = pieces[vocab.bos_id]
+  spec.config.add_source_bos = False
+  spec.config.add_source_eos = bool(source_eos)
   spec.register_source_vocabulary(pieces)
   spec.register_target_vocabulary(pieces)
   return spec
@@ -88,13 +93,14 @@ def save_ctranslate2(spec, out_dir, quantization: str | None = None) -> pathlib.
 
 
 def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
-                       quantization: str | None = None) -> pathlib.Path:
+                       quantization: str | None = None, *, source_eos: bool = False) -> pathlib.Path:
   """Writes a CTranslate2 model directory (model.bin, config.json, vocabularies) plus the run's
   SentencePiece model as source.spm / target.spm for tokenizing. Returns the directory.
 
-  `ctranslate2.Translator(out_dir)` loads it; it takes SentencePiece pieces as tokens.
+  `ctranslate2.Translator(out_dir)` loads it; it takes SentencePiece pieces as tokens, and appends EOS
+  to them itself where the run was trained with source_eos.
   """
-  spec = ctranslate2_spec(params, cfg, vocab, pieces_of(spm_path, vocab))
+  spec = ctranslate2_spec(params, cfg, vocab, pieces_of(spm_path, vocab), source_eos=source_eos)
   out = save_ctranslate2(spec, out_dir, quantization)
   for name in ("source.spm", "target.spm"):
     shutil.copyfile(spm_path, out / name)
