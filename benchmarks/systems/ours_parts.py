@@ -17,7 +17,7 @@ import os
 import sys
 
 
-def _ablate(part: str | None) -> None:
+def ablate(part: str | None) -> None:
   import jax.numpy as jnp
 
   from kernels import decode_cache, output_layer
@@ -48,7 +48,7 @@ def _ablate(part: str | None) -> None:
 def setup(spec: dict):
   from benchmarks import files
   from benchmarks.systems import ours
-  _ablate(spec.get("ablate"))
+  ablate(spec.get("ablate"))
   rows = spec.get("rows")
   if rows:
     full = files.decode_src
