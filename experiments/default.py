@@ -43,6 +43,8 @@ def get_config(arg=None):
       max_len=256, dtype="float32", param_dtype="float32",
       pre_norm=False, learned_positions=False, share_embeddings=True, attention_bias=True,
       kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
+      remat="none",                # none | minimal | full: recompute in the backward pass (docs/accelerators.md)
+      scan_layers=False,           # one nn.scan per stack (docs/accelerators.md)
   ))
 
   # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).

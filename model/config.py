@@ -15,6 +15,7 @@ ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
+REMATS = ("none", "minimal", "full")   # model/stack.py: what the backward pass recomputes per layer
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -71,6 +72,9 @@ class TransformerConfig:
   relative_buckets: int = 32           # positions="relative": buckets per stack (T5)
   relative_max_distance: int = 128     # positions="relative": distances beyond share the last bucket
   num_classes: int = 0                 # encoder_only: > 0 adds the pooled-output classification head
+  # Memory and compile time (docs/accelerators.md); neither changes what the model computes.
+  remat: str = "none"                  # | "minimal" (keep the layers' matmul outputs) | "full" (keep inputs)
+  scan_layers: bool = False            # one nn.scan per stack: parameters stacked [layers, ...]
 
   def __post_init__(self):
     def fail(msg):
@@ -96,7 +100,7 @@ class TransformerConfig:
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         fail(f"{name} must be in [0, 1), got {rate}")
-    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS)
+    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS, remat=REMATS)
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")

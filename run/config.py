@@ -3,11 +3,13 @@ run (experiments are loaded by experiments/__init__.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
 import ml_collections
 
+from model import TransformerConfig
 from run.workdir import write_atomically
 
 CONFIG_FILE = "config.json"
@@ -41,3 +43,14 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
     elif a != b:
       out.append(f"{name}: {a!r} -> {b!r}")
   return out
+
+
+def with_model_defaults(old: dict, new: dict) -> dict:
+  """`old` (a config.json's dict) with every config.model key that `new` has and `old` lacks set to
+  TransformerConfig's default: what a run written before the key existed was trained with."""
+  defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+  model = dict(old.get("model", {}))
+  for key in new.get("model", {}):
+    if key not in model and key in defaults:
+      model[key] = defaults[key]
+  return {**old, "model": model} if "model" in old else old

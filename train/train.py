@@ -88,10 +88,11 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
   path = workdir / config_io.CONFIG_FILE
   if not path.exists():
     return
-  old = json.loads(path.read_text())
-  changes = config_io.diff_configs(old, config.to_dict())
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
-           and not c.startswith("model.kernels:")]   # same parameters whichever kernels compute them
+  new = config.to_dict()
+  old = config_io.with_model_defaults(json.loads(path.read_text()), new)
+  changes = config_io.diff_configs(old, new)
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))   # same parameters whichever
+           and not c.startswith(("model.kernels:", "model.remat:"))]        # kernels or remat compute them
   if fatal and has_checkpoints:
     raise UserError(f"{path}: this run directory was trained with different settings "
                      f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
