@@ -43,7 +43,7 @@ def first_argmax(x):
   """jnp.argmax(x, axis=-1) for float [b, vocab] without NaN: the first index holding the row's maximum.
 
   A max and a min over indices vectorize where XLA's CPU argmax (a reduce over (value, index) pairs)
-  does not: 2x faster on 8-16 rows of 8,000 logits.
+  does not, so it is the faster of the two on a decoding step's few rows.
   """
   top = jnp.max(x, axis=-1, keepdims=True)
   vocab = x.shape[-1]

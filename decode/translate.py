@@ -125,8 +125,7 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
   """The jitted params -> the model's decoding_weights (the output layer's table and, on the C++ path,
   the decoder's kernels laid out as panels), replicated over the mesh: what search_fn's searches read
   in every step and that depends on the parameters alone. translate() computes it once for all its
-  batches; laid out in every batch, it cost greedy decoding of 16 sentences about 8% of its time
-  (benchmarks/notes/changes.md)."""
+  batches rather than once per batch (docs/performance.md has what that gained)."""
   model = Transformer(cfg)
   weights = lambda params: model.apply({"params": params}, method="decoding_weights")
   if mesh is None:

@@ -3,7 +3,7 @@
 An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
 `sweep(add[, arg])`, see train/sweep.py). `load_experiment('experiments/default.py:smoke')` returns the
 locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
-The trainer's command line (absl's config_flags), the sweep, the benchmarks and the tests all load
+The trainer's command line (train/__main__.py), the sweep, the benchmarks and the tests all load
 experiments through this module.
 """
 from __future__ import annotations

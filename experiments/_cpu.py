@@ -29,5 +29,5 @@ def machine() -> dict:
 
 def has_bfloat16(info: dict) -> bool:
   """Whether machine()'s CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without either, XLA
-  emulates bfloat16 matmuls and they run slower than float32 (benchmarks/notes/targets.md)."""
+  emulates bfloat16 matmuls and they run slower than float32."""
   return bool(info.get("avx512_bf16") or info.get("amx_bf16"))

@@ -1,16 +1,8 @@
 """The default experiment: a small Transformer on the embedded synthetic corpus, on CPU.
 
 Command:  python -m train            (same as: python -m train --config experiments/default.py)
-Expected: test sacreBLEU 98.05 after 1,000 steps, measured from a fresh clone on a 2-core AMD EPYC
-          with AVX512-BF16 in 4 min 38 s wall-clock (corpus generation, vocabulary, compiles and the final
-          test-set beam search included; 2026-11-24), and again 98.05 in 3 min 9 s on a faster host of
-          the same kind with kernels/cpu_attention.py decoding (2026-11-25), and 98.05 in 4 min 8 s on a
-          slower one (float32 matmul peak 181-189 GFLOP/s; 2026-11-25, code 85e7441). Before kernels/flat_matmul.py (the same day), which
-          rounds float32 sums differently in the last bit, it scored 97.94; earlier code scored 97.94 in
-          3 min 25 s on another 2-core AMD EPYC and 98.15 in 5 min 18 s on a 2-core Intel Xeon (float32 sums
-          round differently per CPU). With --config.model.matmul_dtype=bfloat16 (earlier code): 98.08 in
-          2 min 50 s on the AMD EPYC. A probe with the same settings but a 1,600-step schedule scored
-          dev BLEU (300 sentences) 70.7 at step 400, 89.7 at step 600 and 97.7 at step 1,000.
+Expected: test sacreBLEU about 98 after 1,000 steps, in a few minutes on 2 CPU cores (corpus, vocabulary,
+          compiles and the final test-set beam search included); the measured runs: docs/training.md.
 Smoke:    python -m train --config experiments/default.py:smoke --workdir /tmp/smoke  (seconds)
 
 Why these settings: on 2 CPU cores the budget is about 1,000 optimizer steps, so the model is small
@@ -21,7 +13,7 @@ same step count they learn about as much as 4,096-token bucketed batches, which 
 step 400 and test BLEU 94.2 at step 1,000, in half the time; and one batch shape compiles once), no
 dropout (1,000 steps are under one pass over the corpus: nothing to regularise), and a cosine schedule
 peaking at 2e-3 after 200 steps (6e-3 stalled). Sources carry no EOS (data.source_eos=False), as in
-every measurement above; it is kept off so that those numbers still describe this file (the synthetic
+every measured run; it is kept off so that those numbers still describe this file (the synthetic
 corpus's sentences end with a period, so the encoder sees the end anyway). The WMT experiments and
 experiments/small_corpus.py turn it on, as tensor2tensor and fairseq do.
 """
@@ -54,7 +46,7 @@ def get_config(arg=None):
   # (docs/model.md): --config.model.matmul_dtype=bfloat16.
   config.model.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
 
-  # Data (owned by data/): see README "Data".
+  # Data (owned by data/): see docs/data.md.
   config.data = ml_collections.ConfigDict(dict(
       source="synthetic",          # synthetic | tfds | files
       tfds_name="wmt14_translate/de-en",

@@ -140,8 +140,7 @@ def panel_matmul(x, panels, columns=None):
   `columns` of the product (default all; the rest of the last panel, its padding, is not written).
 
   For the few rows of a decoding step: one panel is one contiguous run of weights, each loaded once for
-  up to 8 rows. On one core, with the weights beyond the caches, XLA's dot of the output layer's shapes
-  ran at 33-66 GFLOP/s and this at 82-105 (benchmarks/notes/changes.md). Ranges of panels are shared
+  up to 8 rows, faster than XLA's dot for so few rows (docs/performance.md). Ranges of panels are shared
   with XLA's intra-op thread pool."""
   columns = panels.shape[0] * panels.shape[2] if columns is None else columns
   out = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)

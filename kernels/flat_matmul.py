@@ -4,8 +4,7 @@
 
 The attention projections are DenseGeneral layers with kernels [d_model, heads, d_k] and
 [heads, d_v, d_model]. Handed to XLA:CPU as they are, the backward pass transposes every such kernel
-with a three-axis permutation that runs at about 20 ns an element (1.5 ms for a 256 x 256 kernel,
-once per projection per step; docs/performance.md). Reshaped to the matrices they are ([d_model,
+with a three-axis permutation, slow on XLA:CPU, once per projection per step (docs/performance.md). Reshaped to the matrices they are ([d_model,
 heads * d_k], [heads * d_v, d_model]; a reshape of a row-major array costs nothing), the same products
 need only 2-D transposes, which XLA runs at memory speed. The sums are the same; the result can differ
 from lax.dot_general's in the last bit where the matmul kernel blocks the contraction differently.

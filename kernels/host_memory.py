@@ -4,10 +4,10 @@
     host_memory.keep_freed_memory()   # first thing in a command, before JAX is imported
 
 XLA:CPU allocates one temporary buffer each time it runs a compiled step, and frees it when the step
-ends: 416 MB for the benchmark model's training step (benchmarks/throughput.py). glibc's malloc serves a
+ends: hundreds of MB for the benchmark model's training step (benchmarks/throughput.py). glibc's malloc serves a
 block above 32 MB with mmap and gives it back with munmap, so every step maps fresh pages, and the kernel
-zeroes each 4 KiB page at its first touch. On the 2-core host of 2026-11-25 that was 115,000 page faults
-and 190 ms of kernel time in a 300 ms step (benchmarks/notes/changes.md).
+zeroes each 4 KiB page at its first touch: a page fault for every page of the buffer, every step
+(docs/performance.md has what it cost and what this gained).
 
 The fix is three of glibc's documented malloc parameters (mallopt(3)):
 - M_MMAP_MAX 0: serve every block from the heap, never from its own mapping;
@@ -21,8 +21,7 @@ buffers).
 
 The arena limit binds only threads that have not allocated yet, and importing JAX starts a thread. So
 `python -m train` calls this before it imports JAX, and so does the benchmarks' training worker. Decoding
-does not: with it, the default model's greedy and beam-4 decoding ran at 0.81x and 0.89x of their speed
-without it (same rounds, 2026-11-25), while its training step ran 1.25x faster. Only glibc has these
+does not: with it, decoding ran slower while training ran faster (docs/performance.md). Only glibc has these
 parameters; elsewhere (macOS, musl) this does nothing. Set AIAYN_KEEP_FREED_MEMORY=0 to leave malloc as
 it is.
 """
