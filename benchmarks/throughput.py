@@ -152,8 +152,7 @@ DECODE_PAIRS = [(o, p) for o in ("ours", "ours_bf16")
 
 # A system's own settings, on top of --isa's. CTranslate2 does its float32 GEMM with oneDNN on a CPU
 # that is not Intel's (MKL only on Intel), and on the AMD EPYC of docs/performance.md oneDNN's AVX-512
-# sgemm decoded greedy 1.4-1.5x and beam 4 1.1-1.25x slower than its AVX2 one (2026-11-26, each setting
-# in a fresh process). So CTranslate2 float32 runs twice: as installed (ct2) and with oneDNN capped at
+# sgemm decoded slower than its AVX2 one. So CTranslate2 float32 runs twice: as installed (ct2) and with oneDNN capped at
 # AVX2 (ct2_avx2); ct2_best takes, in each round, the faster of the two, and the targets compare with it.
 SYSTEM_ENV = {"ct2_avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
 BEST_OF = {"ct2_best": ("ct2", "ct2_avx2")}

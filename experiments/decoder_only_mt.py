@@ -5,8 +5,7 @@ with the same beam search and KV cache after a cached prefill of `BOS source SEP
 Command:  python -m train --config experiments/decoder_only_mt.py --workdir runs/decoder_only_mt
           python -m decode --workdir runs/decoder_only_mt --input FILE    (translates as the default)
 Expected: test sacreBLEU 0.63 after 1,000 steps, against the default experiment's 97.94 trained side by
-          side (2026-11-24, the same 2 cores shared with other jobs: both 0.54 steps/s, 2,164 s against
-          2,021 s of wall-clock). Dev loss 3.14 nats per target piece (accuracy 0.39) against the default's
+          side in about the same wall-clock (docs/family.md). Dev loss 3.14 nats per target piece (accuracy 0.39) against the default's
           0.18 (0.99), still falling. The hypotheses have the right sentence shape and function words
           ("wahrend manche" for "while some") but wrong content words: in this budget the causal stack has
           not learned to look up each source word across `source SEP target`, which cross-attention does

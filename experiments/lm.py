@@ -3,7 +3,7 @@
 
 Command:  python -m train --config experiments/lm.py --workdir runs/lm
 Expected: dev perplexity 48.8 (eval/nll 3.89 nats per piece, next-piece accuracy 0.26) after 1,000 steps
-          (2026-11-24, 1,195 s on 2 cores shared with other jobs). Perplexity = exp(eval/nll) of the dev
+          (docs/family.md). Perplexity = exp(eval/nll) of the dev
           targets, per piece (EOS included). data.task=lm: every batch row holds BOS + text / text + EOS, packed as the
           default packs its targets; --config.data.text_side=source reads the English-like side instead.
 Smoke:    python -m train --config experiments/lm.py:smoke --workdir /tmp/lm_smoke  (seconds)

@@ -3,7 +3,7 @@
 
 Command:  python -m train --config experiments/mlm.py --workdir runs/mlm
 Expected: masked-token accuracy 0.29 on dev (eval/accuracy, 512 masked pieces; eval/nll 4.06) after 1,000
-          steps (2026-11-24, 1,307 s on 2 cores shared with other jobs). data/synthetic.py draws each
+          steps (docs/family.md). data/synthetic.py draws each
           sentence's nouns, adjectives and verbs at random from a lexicon of ~1,200 words, so a masked
           content word can rarely be told from its context; the grammar's words can. eval/accuracy is
           the masked-token accuracy: the share of the

@@ -9,11 +9,9 @@ Command (your files: TSV "source<TAB>target", or two line-aligned files joined b
 Smoke (seconds, offline, on the embedded corpus): python -m train --config experiments/small_corpus.py:smoke
   --workdir /tmp/small_smoke
 
-Expected (docs/small_corpus.md; 2026-11-24, the 75k-pair English->German software-message corpus of
-scripts/build_po_corpus.py, a 2-core AMD EPYC with AVX512-BF16, nothing else running): test sacreBLEU
-(all 3,998 pairs) 24.66 final, 24.77 averaged, in 526 s for the whole command; the default settings on
-the same files, run just before: 13.48 in 302 s. 1.83x, both within the budget of about 10 minutes on
-2 cores.
+Expected (docs/small_corpus.md, which has the measured runs; the 75k-pair English->German
+software-message corpus of scripts/build_po_corpus.py): test sacreBLEU (all 3,998 pairs) 24.66 final,
+24.77 averaged; the default settings on the same files: 13.48, both within the budget.
 
 What it changes from the default experiment, and what each change measured in tuning (dev sacreBLEU on
 500 dev pairs, each run on one core beside another run, all 2+2 layers at d_model 128):

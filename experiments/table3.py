@@ -17,13 +17,12 @@ CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a secon
   `python scripts/build_po_corpus.py --lang de --out corpus/po_ende` (81k en-de software messages), read
   through the 'files' source; the embedded corpus is too easy for regularisation or capacity to matter.
   python -m train.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu
-  Expected (2026-11-24, docs/table3.md, docs/table3_cpu/results.md): base dev PPL 270.7 and 277.6 (two
+  Expected (docs/table3.md, docs/table3_cpu/results.md): base dev PPL 270.7 and 277.6 (two
   seeds); by perplexity 10 rows agree with the paper's direction, 7 disagree, 2 tie: the effects of width
   (d_model, d_ff, big) and of d_k and label smoothing reproduce; dropout, depth, heads and learned
   positions do not (600 steps, one pass over the corpus, reward whatever learns fastest early). Test
   BLEU is 0.2-1.5 on every row: it cannot tell rows apart at this scale.
-  Cost: 95 minutes of wall-clock, two trials at a time through the local SLURM, on 2 cores shared with
-  other jobs (each trial 4.5-10 minutes, big 27; 169 trial-minutes).
+  Cost: docs/table3.md gives the measured wall-clock, two trials at a time through the local SLURM.
 
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's

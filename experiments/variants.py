@@ -5,7 +5,7 @@ Command:  python -m train.sweep --config experiments/variants.py --workdir runs/
           the grid: python -m train.sweep --config experiments/variants.py:grid --workdir runs/variants_grid
           (positions x attention x FFN = 5 x 3 x 4 = 60 trials)
           one trial: python -m train --config experiments/variants.py --config.model.positions=rope
-Expected (2026-11-24, docs/variants/results.md): base = the default experiment (test BLEU 97.94); RoPE
+Expected (docs/variants/results.md): base = the default experiment (test BLEU 97.94); RoPE
           99.69, relative 99.05, ALiBi 96.32, learned positions 84.49 (one seed each); the rest in the docs.
 Smoke:    python -m train --config experiments/variants.py:smoke --workdir /tmp/variants_smoke
 
