@@ -25,8 +25,8 @@ What it changes from the default experiment, and what each change measured in tu
 - more steps than the default's 1,000: 1,600 with bfloat16 matmuls, which fills the budget of about 10
   minutes on 2 cores (the default settings use about half of it on this CPU). In tuning, at 2,320 steps:
   25.4 (8,000 pieces) and 26.8 (12,000 pieces), against 20.8 and 21.9 at the default's own wall-clock.
-- bfloat16 matmuls only where the CPU has bfloat16 instructions (AVX512-BF16 or AMX; 1.37x the float32
-  steps/s here), with the steps scaled to keep the wall-clock; elsewhere float32 and 1,190 steps
+- bfloat16 matmuls only where the CPU has bfloat16 instructions (AVX512-BF16 or AMX; faster than float32
+  there, docs/small_corpus.md), with the steps scaled to keep the wall-clock; elsewhere float32 and 1,190 steps
   (XLA emulates bfloat16 without them, slower than float32). The run's config.json records the choice.
 - EOS at the end of every source (data.source_eos), as tensor2tensor and fairseq do.
 - no dropout, as the default: in about 3 passes over 75k pairs nothing overfits (dev nll still falls
