@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from kernels import host_memory
 
-if __name__ == "__main__":   # first: before JAX starts a thread (kernels/host_memory.py)
-  host_memory.keep_freed_memory()
+if __name__ == "__main__":   # first: before JAX starts a thread; on the CPU only (kernels/host_memory.py)
+  host_memory.keep_freed_memory_on_cpu("train")
 
 import argparse
 import os
@@ -65,12 +65,14 @@ def main(argv=None) -> None:
   except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as error:
     parser.error(str(error).strip("'\""))
   logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
-  jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  if jax.config.jax_compilation_cache_dir is None:   # a JAX_COMPILATION_CACHE_DIR the user set wins
+    jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   try:
     multihost.initialize(args.distributed, args.coordinator_address, args.num_processes, args.process_id)
   except ValueError as error:
     parser.error(str(error))
+  if __name__ == "__main__":
+    host_memory.check_backend("train", jax.default_backend())
 
   workdir = args.workdir or config.workdir
   experiment = pathlib.Path(args.config.partition(":")[0])
