@@ -14,9 +14,9 @@ step compiles a bounded number of times.
 from __future__ import annotations
 
 import numpy as np
-import tqdm
 
 from data.sources import report_skipped
+from data.tokens import TokenPairs, join, ranges, within
 from data.vocab import BOS, EOS
 
 # Names how BatchIterator forms batches (saved with its position; see BatchIterator.set_state).
@@ -24,6 +24,9 @@ ORDER = "pairs-by-batch_tokens"
 
 BATCH_KEYS = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 OPTIONAL_BATCH_KEYS = ("tgt_weights",)
+
+
+_SHOW = 5   # how many too-long pairs a warning names
 
 
 def bucket_lengths(max_len: int) -> list[int]:
@@ -38,55 +41,42 @@ def bucket_lengths(max_len: int) -> list[int]:
 def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str = "data",
              source_eos: bool = False):
   """Pairs of text -> (src_ids, tgt_ids, kept_indices); with max_len, longer pairs are skipped and counted.
+  For small sets (dev, test, tests); the training split is tokenized once into data/cache.py's arrays.
 
   src is the plain encoding, followed by EOS if source_eos (config.data.source_eos; decoding appends it
   the same way); tgt gets room for BOS/EOS (its encoded length + 1 must fit max_len).
   """
-  chunk = 20_000
-  src_ids, tgt_ids = [], []
-  for start in tqdm.trange(0, len(pairs), chunk, desc=f"tokenize {what}", disable=len(pairs) < 100_000,
-                           leave=False):
-    part = pairs[start:start + chunk]
-    src_ids += [s + [EOS] if source_eos else s for s in vocab.encode_batch([s for s, _ in part])]
-    tgt_ids += vocab.encode_batch([t for _, t in part])
-  keep = keep_fitting(src_ids, tgt_ids, max_len, origins, what)
+  src_ids = [s + [EOS] if source_eos else s for s in vocab.encode_batch([s for s, _ in pairs])]
+  tgt_ids = vocab.encode_batch([t for _, t in pairs])
+  lengths = lambda seqs: np.fromiter(map(len, seqs), np.int64, len(seqs))
+  origin = (lambda i: origins[i]) if origins else (lambda i: f"pair {i}")
+  keep = fitting(lengths(src_ids), lengths(tgt_ids), max_len, origin, what).tolist()
   return [np.asarray(src_ids[i], np.int32) for i in keep], [np.asarray(tgt_ids[i], np.int32) for i in keep], keep
 
 
-def keep_fitting(src_ids, tgt_ids, max_len: int | None, origins=None, what: str = "data") -> list[int]:
-  """Indices of the pairs whose source fits max_len and target max_len - 1 (room for BOS/EOS); the others
-  are counted and reported. No max_len: all of them."""
-  keep, too_long = [], []
-  for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-    if max_len and (len(s) > max_len or len(t) + 1 > max_len):
-      too_long.append(origins[i] if origins else f"pair {i}")
-    else:
-      keep.append(i)
-  report_skipped({f"longer than max_len={max_len} tokens": too_long} if too_long else {}, what)
-  if not keep:
+def fitting(src_len, tgt_len, max_len: int | None, origin=None, what: str = "data") -> np.ndarray:
+  """Indices [kept] of the pairs whose source fits max_len and target max_len - 1 (room for BOS/EOS);
+  the others are counted and reported, the first few named by origin(i). No max_len: all of them."""
+  if not max_len:
+    return np.arange(len(src_len))
+  too_long = (src_len > max_len) | (tgt_len.astype(np.int64) + 1 > max_len)
+  count = int(too_long.sum())
+  if count:
+    origin = origin or (lambda i: f"pair {i}")
+    first = [origin(i) for i in np.flatnonzero(too_long)[:_SHOW]]
+    report_skipped({f"longer than max_len={max_len} tokens": (count, first)}, what)
+  if count == len(src_len):
     raise ValueError(f"{what}: every pair is longer than config.data.max_len={max_len} tokens; "
                      f"raise max_len")
-  return keep
+  return np.flatnonzero(~too_long).astype(_index_dtype(len(src_len)))
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
   return {k: np.zeros((rows, src_len if k.startswith("src") else tgt_len), np.int32) for k in BATCH_KEYS}
 
 
-def _put(batch, row, offset_src, offset_tgt, segment, src, tgt, weights=None):
-  """Writes one pair into a row at the given offsets (and its loss weights, if the batch has them)."""
-  s, t = len(src), len(tgt) + 1
-  batch["src"][row, offset_src:offset_src + s] = src
-  batch["src_segments"][row, offset_src:offset_src + s] = segment
-  batch["src_positions"][row, offset_src:offset_src + s] = np.arange(s)
-  batch["tgt_in"][row, offset_tgt] = BOS
-  batch["tgt_in"][row, offset_tgt + 1:offset_tgt + t] = tgt
-  batch["tgt_out"][row, offset_tgt:offset_tgt + t - 1] = tgt
-  batch["tgt_out"][row, offset_tgt + t - 1] = EOS
-  batch["tgt_segments"][row, offset_tgt:offset_tgt + t] = segment
-  batch["tgt_positions"][row, offset_tgt:offset_tgt + t] = np.arange(t)
-  if weights is not None:
-    batch["tgt_weights"][row, offset_tgt:offset_tgt + t] = weights
+def _index_dtype(n: int):
+  return np.int32 if n < 2 ** 31 else np.int64
 
 
 def rows_for(length: int, batch_tokens: int, row_multiple: int) -> int:
@@ -114,73 +104,125 @@ def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int 
   return -(-pairs // row_multiple) * row_multiple
 
 
-def plan_buckets(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
-  """One epoch of bucketed batches: a list of (length, [pair indices]).
+def _cuts(src_len, tgt_len, budget: int, cap: int | None = None) -> np.ndarray:
+  """Greedy cut points [0, e1, e2, ..., n] of a sequence of pairs: each group takes pairs until the next
+  would bring its src_len or its tgt_len sum over budget, or until it has cap pairs (never empty).
+
+  The same groups as adding one pair at a time, found by searching cumulative sums a window at a time:
+  one Python step per group, not per pair, and memory bounded by the window.
+  """
+  n, cuts, pos = len(src_len), [0], 0
+  window = max(1 << 16, 4 * (cap or budget))   # longer than any group (tgt_len >= 1 per pair)
+  while pos < n:
+    end = min(n, pos + window)
+    sums = []
+    for lengths in (src_len, tgt_len):
+      c = np.zeros(end - pos + 1, np.int64)                        # [window + 1] tokens before each pair
+      np.cumsum(lengths[pos:end], out=c[1:])
+      sums.append(np.searchsorted(c, c[:-1] + budget, "right") - 1)   # [window] where a group from i ends
+    here = np.arange(end - pos)
+    ends = np.minimum(*sums) if cap is None else np.minimum(np.minimum(*sums), here + cap)
+    ends = np.maximum(ends, here + 1).tolist()
+    i, size = 0, end - pos
+    while i < size:
+      j = ends[i]
+      if j >= size and end < n:   # this group may go on past the window: start the next window at it
+        break
+      cuts.append(pos + j)
+      i = j
+    pos += i
+  return np.asarray(cuts, np.int64)
+
+
+class Plan:
+  """One epoch's batches as arrays: batch b holds pairs members[first[b]:last[b]], in rows of
+  row_bounds (packed; several pairs a row) or one pair a row (bucketed), padded to lengths[b]."""
+
+  def __init__(self, members, first, last, lengths, row_bounds=None):
+    self.members, self.first, self.last, self.lengths, self.row_bounds = members, first, last, lengths, row_bounds
+
+  def __len__(self) -> int:
+    return len(self.first)
+
+  def batch(self, b: int):
+    """(padded length, pair indices [k], row bounds [rows + 1] into them) of batch b."""
+    if self.row_bounds is None:
+      first, last = int(self.first[b]), int(self.last[b])
+      return int(self.lengths[b]), self.members[first:last], np.arange(last - first + 1)
+    rows = self.row_bounds[int(self.first[b]):int(self.last[b]) + 1]
+    return int(self.lengths[b]), self.members[int(rows[0]):int(rows[-1])], rows - rows[0]
+
+
+def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan:
+  """One epoch of bucketed batches from the pairs' lengths (tgt without EOS; every pair fits max_len).
 
   Each batch takes pairs of one length bucket until the next pair would bring its real source tokens or
   its real target tokens (target + EOS) over batch_tokens, as the paper's "approximately 25000 source
   tokens and 25000 target tokens" and fairseq's --max-tokens count them, or until the bucket's row cap
   (bucket_rows). Padding is not counted. Which pairs form a batch does not depend on row_multiple.
   """
-  del row_multiple   # the shape rounds its rows up (bucket_rows); the batches themselves do not change
   lengths = bucket_lengths(max_len)
-  src_len = np.array([len(s) for s in src_ids], np.int64)
-  tgt_len = np.array([len(t) + 1 for t in tgt_ids], np.int64)
-  which = np.searchsorted(lengths, np.maximum(src_len, tgt_len))      # smallest bucket that fits
-  plan = []
+  table = np.searchsorted(lengths, np.arange(max_len + 1)).astype(np.uint8)   # longer side -> its bucket
+  which = table[np.maximum(src_len, tgt_len + 1)]                  # [pairs] the smallest bucket that fits
+  members, first, last, padded, start = [], [], [], [], 0
   for b, length in enumerate(lengths):
-    members = np.flatnonzero(which == b)
+    bucket = np.flatnonzero(which == b).astype(_index_dtype(len(src_len)))
     if rng is not None:
-      members = rng.permutation(members)
-    cap = bucket_rows(length, max_len, batch_tokens)
-    batch, used_src, used_tgt = [], 0, 0
-    for i in members.tolist():
-      if batch and (len(batch) == cap or used_src + src_len[i] > batch_tokens
-                    or used_tgt + tgt_len[i] > batch_tokens):
-        plan.append((length, batch))
-        batch, used_src, used_tgt = [], 0, 0
-      batch.append(i)
-      used_src, used_tgt = used_src + src_len[i], used_tgt + tgt_len[i]
-    if batch:
-      plan.append((length, batch))
+      rng.shuffle(bucket)
+    cuts = _cuts(src_len[bucket], tgt_len[bucket] + 1, batch_tokens,
+                 bucket_rows(length, max_len, batch_tokens))
+    members.append(bucket)
+    first.append(start + cuts[:-1])
+    last.append(start + cuts[1:])
+    padded.append(np.full(len(cuts) - 1, length, np.int64))
+    start += len(bucket)
+  del which
+  order = rng.permutation(sum(map(len, first))) if rng is not None else slice(None)
+  cat = np.concatenate
+  return Plan(cat(members), cat(first)[order], cat(last)[order], cat(padded)[order])
+
+
+def plan_packed(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan:
+  """One epoch of packed batches: pairs in shuffled order fill rows of max_len source and max_len
+  target slots, rows_for(...) rows a batch."""
+  order = np.arange(len(src_len), dtype=_index_dtype(len(src_len)))
   if rng is not None:
-    plan = [plan[i] for i in rng.permutation(len(plan))]
-  return plan
+    rng.shuffle(order)
+  row_bounds = _cuts(src_len[order], tgt_len[order] + 1, max_len)
+  rows, per_batch = len(row_bounds) - 1, rows_for(max_len, batch_tokens, 1)
+  first = np.arange(0, rows, per_batch)
+  return Plan(order, first, np.minimum(first + per_batch, rows), np.full(len(first), max_len),
+              row_bounds)
 
 
-def plan_packed(src_ids, tgt_ids, max_len: int, batch_tokens: int, row_multiple: int, rng):
-  """One epoch of packed batches: a list of (max_len, [[pair indices of a row], ...])."""
-  order = rng.permutation(len(src_ids)) if rng is not None else np.arange(len(src_ids))
-  rows, current, used_src, used_tgt = [], [], 0, 0
-  for i in order.tolist():
-    s, t = len(src_ids[i]), len(tgt_ids[i]) + 1
-    if current and (used_src + s > max_len or used_tgt + t > max_len):
-      rows.append(current)
-      current, used_src, used_tgt = [], 0, 0
-    current.append(i)
-    used_src, used_tgt = used_src + s, used_tgt + t
-  if current:
-    rows.append(current)
-  per_batch = rows_for(max_len, batch_tokens, row_multiple)
-  return [(max_len, rows[i:i + per_batch]) for i in range(0, len(rows), per_batch)]
-
-
-def assemble(src_ids, tgt_ids, length: int, members, rows: int, packed: bool, tgt_weights=None) -> dict:
-  """Builds one batch of `rows` rows of `length` tokens from a plan entry. tgt_weights: None, or per
-  pair the loss weights of its len(tgt) + 1 output positions (the batch then has 'tgt_weights')."""
+def assemble(sequences, length: int, members, row_bounds, rows: int, first_row: int = 0) -> dict:
+  """Rows first_row .. first_row + rows of a batch of padded length `length` (see the module docstring):
+  pairs `members` in rows `row_bounds` ([rows of the plan + 1] into members; rows past them are padding).
+  sequences(indices) -> (src ids, src lengths, tgt ids, tgt lengths, tgt_weights ids or None), each side
+  end to end (data.tasks.sequences); only the pairs of these rows are read."""
+  planned = len(row_bounds) - 1                                    # rows with pairs; the rest are padding
+  row_bounds = np.asarray(row_bounds, np.int64)[min(first_row, planned):min(first_row + rows, planned) + 1]
+  mine = members[int(row_bounds[0]):int(row_bounds[-1])]
+  src, src_len, tgt, tgt_len, weights = sequences(mine)
+  per_row = np.diff(row_bounds)                                    # [rows here] pairs in each row
+  row = np.repeat(np.arange(len(per_row)), per_row)                # [k] each pair's row
+  first_of_row = np.repeat(row_bounds[:-1] - row_bounds[0], per_row)   # [k] its row's first pair
+  segment = np.arange(len(mine)) - first_of_row + 1                # [k] numbered from 1 in each row
   batch = _empty(rows, length, length)
-  if tgt_weights is not None:
-    batch["tgt_weights"] = np.zeros((rows, length), np.int32)
-  for row, member in enumerate(members):
-    if packed:
-      offset_src = offset_tgt = 0
-      for segment, i in enumerate(member, 1):
-        weights = None if tgt_weights is None else tgt_weights[i]
-        _put(batch, row, offset_src, offset_tgt, segment, src_ids[i], tgt_ids[i], weights)
-        offset_src, offset_tgt = offset_src + len(src_ids[i]), offset_tgt + len(tgt_ids[i]) + 1
-    else:
-      weights = None if tgt_weights is None else tgt_weights[member]
-      _put(batch, row, 0, 0, 1, src_ids[member], tgt_ids[member], weights)
+  for side, ids, size in (("src", src, src_len), ("tgt", tgt, tgt_len + 1)):
+    before = np.cumsum(size) - size
+    offset = before - before[first_of_row]                         # [k] where each pair starts in its row
+    where = ranges(row * length + offset, size)                    # flat slots of every pair's tokens
+    if side == "src":
+      batch["src"].flat[where] = ids
+    else:   # tgt_in = BOS + target, tgt_out = target + EOS, per pair
+      batch["tgt_in"].flat[where] = join([BOS, (ids, tgt_len)])[0]
+      batch["tgt_out"].flat[where] = join([(ids, tgt_len), EOS])[0]
+      if weights is not None:
+        batch["tgt_weights"] = np.zeros((rows, length), np.int32)
+        batch["tgt_weights"].flat[where] = weights
+    batch[f"{side}_segments"].flat[where] = np.repeat(segment, size)
+    batch[f"{side}_positions"].flat[where] = within(size)
   return batch
 
 
@@ -191,30 +233,40 @@ class BatchIterator:
   the hardware. row_multiple (devices x grad_accum_steps) only pads each batch with empty rows (no loss
   weight) to a multiple the mesh can split, so a run resumes on 1, 2 or 8 devices, or 1 or 2 processes,
   with the same batches. Its whole position is (epoch, index of the next batch in that epoch's plan),
-  which get_state/set_state save and restore. Each process keeps its own block of every global batch's
-  rows (process_index of process_count; row_multiple must be a multiple of process_count).
+  which get_state/set_state save and restore. Each process assembles only its own block of every global
+  batch's rows, reading only their pairs (process_index of process_count; row_multiple must be a
+  multiple of process_count).
 
-  tgt_weights: None, or per pair the loss weights of its target (see `assemble`). finish: None, or
-  finish(global batch, (seed, epoch, index)) -> batch, a task's last touch on every batch (the masked LM
-  masks there), seeded by the batch's position so that a resumed run sees the same batches.
+  The pairs: src_ids and tgt_ids, per-pair id sequences (translation pairs as they are), or
+  `sequences=(src_len, tgt_len, get)`: every pair's lengths ([pairs] arrays, tgt without EOS) and
+  get(indices) -> the ids of some (data.tasks.sequences; what data.make_train_iterator passes for a
+  task over the cached corpus). Plans read the lengths only. finish: None, or finish(local batch,
+  (seed, epoch, index), (first row, global rows)) -> batch, a task's last touch on every batch (the
+  masked LM masks there), seeded by the batch's position so that a resumed run sees the same batches.
   """
 
-  def __init__(self, src_ids, tgt_ids, *, max_len, batch_tokens, row_multiple, seed, pack=False,
-               process_index=0, process_count=1, tgt_weights=None, finish=None):
+  def __init__(self, src_ids=None, tgt_ids=None, *, max_len, batch_tokens, row_multiple, seed, pack=False,
+               process_index=0, process_count=1, sequences=None, finish=None):
     if row_multiple % process_count:
       raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
-    self.src_ids, self.tgt_ids, self.tgt_weights, self.finish = src_ids, tgt_ids, tgt_weights, finish
+    if sequences is None:
+      pairs = TokenPairs.from_ids(src_ids, tgt_ids)
+      sequences = (pairs.src.lengths, pairs.tgt.lengths,
+                   lambda i: (*pairs.src.gather(i), *pairs.tgt.gather(i), None))
+    self.src_len, self.tgt_len, self.sequences = sequences
+    self.finish = finish
     self.max_len, self.batch_tokens, self.seed, self.pack = max_len, batch_tokens, seed, pack
     self.row_multiple = row_multiple
     self.process_index, self.process_count = process_index, process_count
     self.epoch, self.index = 0, 0
     self._plan_epoch, self._plan = None, None
 
-  def _epoch_plan(self):
+  def _epoch_plan(self) -> Plan:
     if self._plan_epoch != self.epoch:
+      self._plan = None   # the last epoch's arrays go before the next epoch's are made
       rng = np.random.default_rng([self.seed, self.epoch])
       plan_fn = plan_packed if self.pack else plan_buckets
-      self._plan = plan_fn(self.src_ids, self.tgt_ids, self.max_len, self.batch_tokens, 1, rng)
+      self._plan = plan_fn(self.src_len, self.tgt_len, self.max_len, self.batch_tokens, rng)
       self._plan_epoch = self.epoch
     return self._plan
 
@@ -226,15 +278,15 @@ class BatchIterator:
     if self.index >= len(plan):
       self.epoch, self.index = self.epoch + 1, 0
       plan = self._epoch_plan()
-    length, members = plan[self.index]
+    length, members, row_bounds = plan.batch(self.index)
     rows = self.rows(length)
-    batch = assemble(self.src_ids, self.tgt_ids, length, members, rows, self.pack, self.tgt_weights)
-    if self.finish is not None:
-      batch = self.finish(batch, (self.seed, self.epoch, self.index))
-    self.index += 1
     local = rows // self.process_count
-    start = self.process_index * local
-    return {k: v[start:start + local] for k, v in batch.items()}
+    first = self.process_index * local
+    batch = assemble(self.sequences, length, members, row_bounds, local, first)
+    if self.finish is not None:
+      batch = self.finish(batch, (self.seed, self.epoch, self.index), (first, rows))
+    self.index += 1
+    return batch
 
   def rows(self, length: int) -> int:
     """Global rows of a batch of padded length `length` (fixed per length: bounded compiles): the rows

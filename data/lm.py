@@ -57,18 +57,22 @@ def pad_rows(examples, length: int) -> dict:
   return batch
 
 
-def mlm_mask(ids, rng: np.random.Generator, vocab_size: int, rate: float = 0.15):
+def mlm_mask(ids, rng: np.random.Generator, vocab_size: int, rate: float = 0.15, rows=None):
   """BERT's masking (Devlin et al. 2019) of ids int [b, len] (0 = padding).
 
   Each real, non-special token is chosen with probability `rate`; a chosen token becomes MASK with
   probability 0.8, a random piece with 0.1, and stays itself with 0.1. Padding and specials are never
   chosen. Returns (inputs int32 [b, len], targets int32 [b, len] (the original ids), weights float32
-  [b, len]: 1 on the chosen tokens, which alone are scored).
+  [b, len]: 1 on the chosen tokens, which alone are scored). rows = (first, total): ids are rows
+  first..first+b of a batch of `total` rows, masked as that whole batch would be.
   """
   ids = np.asarray(ids, np.int32)
-  chosen = (ids >= FIRST_PIECE) & (rng.random(ids.shape) < rate)
-  action = rng.random(ids.shape)
-  random_ids = rng.integers(FIRST_PIECE, vocab_size, ids.shape, dtype=np.int32)
+  first, total = rows or (0, ids.shape[0])
+  shape = (total, ids.shape[1])
+  take = lambda x: x[first:first + ids.shape[0]]                   # [b, len] of the global batch's draws
+  chosen = (ids >= FIRST_PIECE) & (take(rng.random(shape)) < rate)
+  action = take(rng.random(shape))
+  random_ids = take(rng.integers(FIRST_PIECE, vocab_size, shape, dtype=np.int32))
   inputs = np.where(chosen & (action < 0.8), MASK, ids)
   inputs = np.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, inputs)
   return inputs.astype(np.int32), ids, chosen.astype(np.float32)

@@ -1,6 +1,7 @@
 """Where parallel text comes from: the embedded corpus, a named TFDS corpus, or your own files.
 
-    pairs = load_pairs(config.data, "train")     # [(source_text, target_text)]
+    pairs = load_pairs(config.data, "dev")       # [(source_text, target_text)]
+    for pairs, numbers in open_split(config.data, "train").chunks(): ...   # a chunk at a time
 
 config.data.source selects: "synthetic" (generated, prepared once as a TFDS dataset), "tfds" (e.g.
 "wmt14_translate/de-en", prepared beforehand with tensorflow-datasets) or "files" (TSV, or two line-aligned
@@ -9,6 +10,8 @@ files joined by a comma, optionally gzipped). src_lang/tgt_lang pick the directi
 from __future__ import annotations
 
 import gzip
+import hashlib
+import itertools
 import os
 import pathlib
 import warnings
@@ -45,17 +48,30 @@ def check_config(data_config) -> None:
 
 
 def load_pairs(data_config, split: str) -> list[tuple[str, str]]:
-  """All (source, target) pairs of a split ('train', 'dev' or 'test') as strings."""
+  """All (source, target) pairs of a split ('train', 'dev' or 'test') as strings. For the small splits
+  (dev, test): the training split is read in chunks (`open_split`) and tokenized once (data/cache.py)."""
   return load_pairs_with_origins(data_config, split)[0]
 
 
 def load_pairs_with_origins(data_config, split: str):
   """(pairs, origins): origins[i] names where pair i came from (e.g. 'train.tsv:17') for messages."""
+  reader = open_split(data_config, split)
+  pairs, origins = [], []
+  for part, numbers in reader.chunks():
+    pairs += part
+    origins += [reader.origin.format(n) for n in numbers]
+  return pairs, origins
+
+
+def open_split(data_config, split: str):
+  """A reader of one split: .chunks(report=True) yields (pairs, numbers) a chunk at a time (numbers:
+  the line of a file, the record of a TFDS split, which .origin formats), .fingerprint() names its
+  content for caches, .size is its number of pairs where known without reading it (TFDS), else None."""
   if split not in SPLITS:
     raise DataError(f"unknown split {split!r}; use one of {SPLITS}")
   check_config(data_config)
   if data_config.source == "files":
-    return read_files(data_config.get(f"{split}_path"), f"config.data.{split}_path")
+    return FileReader(data_config.get(f"{split}_path"), f"config.data.{split}_path")
   if data_config.source == "synthetic":
     from data import synthetic_tfds
     builder = synthetic_tfds.builder(data_config.get("synthetic_seed", 0),
@@ -72,16 +88,7 @@ def load_pairs_with_origins(data_config, split: str):
   else:
     builder = _tfds_builder(data_config)
     name = data_config.tfds_name
-  key = (str(builder.data_path), split, data_config.src_lang, data_config.tgt_lang)
-  if key not in _READ_CACHE:   # the vocabulary and the train iterator read the same split
-    _READ_CACHE.clear()
-    _READ_CACHE[key] = _read_tfds(builder, name, TFDS_SPLITS[split], data_config.src_lang,
-                                  data_config.tgt_lang)
-  pairs, origins = _READ_CACHE[key]
-  return list(pairs), list(origins)
-
-
-_READ_CACHE: dict = {}   # the last TFDS split read (prepared TFDS datasets do not change)
+  return TfdsReader(builder, name, TFDS_SPLITS[split], data_config.src_lang, data_config.tgt_lang)
 
 
 def _tfds_builder(data_config):
@@ -100,30 +107,58 @@ def _tfds_builder(data_config):
   return builder
 
 
-def _read_tfds(builder, name, split, src_lang, tgt_lang):
-  languages = set(getattr(builder.info.features, "languages", None) or builder.info.features.keys())
-  for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
-    if lang not in languages:
-      raise DataError(f"config.data.{key}={lang!r}: dataset {name!r} has languages {sorted(languages)}")
-  if split not in builder.info.splits:
-    raise DataError(f"dataset {name!r} has no split {split!r} (it has {sorted(builder.info.splits)})")
-  try:
-    source = builder.as_data_source(split)
-  except Exception as e:
-    raise DataError(f"dataset {name!r} split {split!r} cannot be read with tfds.data_source ({e}); "
-                    f"prepare it with --file_format array_record") from e
-  pairs, origins = [], []
-  decode = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
-  chunk = 10_000    # batched reads: ~15x faster than one record at a time
-  with tqdm.tqdm(total=len(source), desc=f"read {name}:{split}", disable=len(source) < 100_000,
-                 leave=False) as bar:
-    for start in range(0, len(source), chunk):
-      indices = list(range(start, min(start + chunk, len(source))))
-      for i, record in zip(indices, source.__getitems__(indices)):
-        pairs.append((decode(record[src_lang]).strip(), decode(record[tgt_lang]).strip()))
-        origins.append(f"{name}:{split}[{i}]")
-      bar.update(len(indices))
-  return pairs, origins
+class TfdsReader:
+  """One split of a prepared TFDS translation dataset (array_record), read with tfds.data_source."""
+
+  def __init__(self, builder, name, split, src_lang, tgt_lang):
+    languages = set(getattr(builder.info.features, "languages", None) or builder.info.features.keys())
+    for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+      if lang not in languages:
+        raise DataError(f"config.data.{key}={lang!r}: dataset {name!r} has languages {sorted(languages)}")
+    if split not in builder.info.splits:
+      raise DataError(f"dataset {name!r} has no split {split!r} (it has {sorted(builder.info.splits)})")
+    try:
+      self._source = builder.as_data_source(split)
+    except Exception as e:
+      raise DataError(f"dataset {name!r} split {split!r} cannot be read with tfds.data_source ({e}); "
+                      f"prepare it with --file_format array_record") from e
+    self.builder, self.split, self.langs = builder, split, (src_lang, tgt_lang)
+    self.origin, self.size = f"{name}:{split}[{{}}]", len(self._source)
+
+  def fingerprint(self) -> str:
+    """The dataset's directory, version and the names, sizes and times of the split's files."""
+    path = pathlib.Path(self.builder.data_path)
+    files = sorted(path.glob(f"*-{self.split}.*"))
+    return _digest([str(path.absolute()), str(self.builder.version), self.split, *self.langs,
+                    *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
+
+  def chunks(self, report: bool = True, size: int = 10_000):
+    del report   # a prepared TFDS split has no bad records to report
+    decode = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
+    src_lang, tgt_lang = self.langs
+    for start in range(0, self.size, size):   # batched reads: ~15x faster than one record at a time
+      indices = list(range(start, min(start + size, self.size)))
+      records = self._source.__getitems__(indices)
+      yield [(decode(r[src_lang]).strip(), decode(r[tgt_lang]).strip()) for r in records], indices
+
+  def take(self, indices) -> list[tuple[str, str]]:
+    """The pairs at `indices` (any order), read directly."""
+    out = {}
+    for pairs, numbers in self._chunks_at(sorted(set(indices))):
+      out.update(zip(numbers, pairs))
+    return [out[i] for i in indices]
+
+  def _chunks_at(self, indices, size=10_000):
+    decode = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
+    src_lang, tgt_lang = self.langs
+    for start in range(0, len(indices), size):
+      part = indices[start:start + size]
+      records = self._source.__getitems__(part)
+      yield [(decode(r[src_lang]).strip(), decode(r[tgt_lang]).strip()) for r in records], part
+
+
+def _digest(parts) -> str:
+  return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -142,68 +177,117 @@ def read_files(spec: str, key: str):
 
   Empty lines, lines without exactly one tab, undecodable UTF-8: skipped, counted, the first few named.
   """
-  paths = spec.split(",")
-  if len(paths) > 2:
-    raise DataError(f"{key}={spec!r}: give one TSV path or two paths joined by a comma")
-  for path in paths:
-    if not pathlib.Path(path).exists():
-      raise DataError(f"{key}: file {path!r} does not exist")
-  pairs, origins, bad = [], [], {}
-
-  def reject(reason, where):
-    bad.setdefault(reason, []).append(where)
-
-  if len(paths) == 1:
-    for number, raw in enumerate(_open_lines(paths[0]), 1):
-      where = f"{paths[0]}:{number}"
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError:
-        reject("undecodable UTF-8", where)
-        continue
-      if not line.strip():
-        reject("empty line", where)
-        continue
-      fields = line.split("\t")
-      if len(fields) != 2:
-        reject("no tab" if len(fields) == 1 else "more than one tab", where)
-        continue
-      src, tgt = fields[0].strip(), fields[1].strip()
-      if not src or not tgt:
-        reject("empty side", where)
-        continue
-      pairs.append((src, tgt))
-      origins.append(where)
-  else:
-    src_lines, tgt_lines = list(_open_lines(paths[0])), list(_open_lines(paths[1]))
-    if len(src_lines) != len(tgt_lines):
-      raise DataError(f"{key}: {paths[0]} has {len(src_lines)} lines but {paths[1]} has "
-                      f"{len(tgt_lines)}; the two files must be line-aligned")
-    for number, (s_raw, t_raw) in enumerate(zip(src_lines, tgt_lines), 1):
-      where = f"{paths[0]}:{number}"
-      try:
-        src, tgt = s_raw.decode("utf-8").strip(), t_raw.decode("utf-8").strip()
-      except UnicodeDecodeError:
-        reject("undecodable UTF-8", where)
-        continue
-      if not src or not tgt:
-        reject("empty line", where)
-        continue
-      pairs.append((src, tgt))
-      origins.append(where)
-  report_skipped(bad, key)
-  if not pairs:
-    raise DataError(f"{key}={spec!r}: no usable sentence pairs (skipped: "
-                    f"{', '.join(f'{len(v)} {k}' for k, v in bad.items()) or 'none'}); expected "
-                    f"'source<TAB>target' lines or two line-aligned files")
+  reader, pairs, origins = FileReader(spec, key), [], []
+  for part, numbers in reader.chunks():
+    pairs += part
+    origins += [reader.origin.format(n) for n in numbers]
   return pairs, origins
 
 
+class FileReader:
+  """Your own parallel text: one TSV, or two line-aligned files (see read_files)."""
+
+  _PROBE = 1 << 16   # bytes hashed at each end of a file for its fingerprint
+
+  def __init__(self, spec: str, key: str):
+    self.paths, self.key, self.spec, self.size = spec.split(","), key, spec, None
+    if len(self.paths) > 2:
+      raise DataError(f"{key}={spec!r}: give one TSV path or two paths joined by a comma")
+    for path in self.paths:
+      if not pathlib.Path(path).exists():
+        raise DataError(f"{key}: file {path!r} does not exist")
+    self.origin = f"{self.paths[0]}:{{}}"
+
+  def fingerprint(self) -> str:
+    """Each file's absolute path, size, modification time and first and last 64 KiB: a file that is
+    edited, replaced or appended to gets a new fingerprint without being read whole."""
+    parts = []
+    for path in self.paths:
+      path = pathlib.Path(path).absolute()
+      stat = path.stat()
+      with open(path, "rb") as f:
+        head = f.read(self._PROBE)
+        f.seek(max(0, stat.st_size - self._PROBE))
+        tail = f.read(self._PROBE)
+      parts += [str(path), str(stat.st_size), str(stat.st_mtime_ns), hashlib.sha256(head + tail).hexdigest()]
+    return _digest(parts)
+
+  def chunks(self, report: bool = True, size: int = 20_000):
+    """Yields (pairs, line numbers) `size` pairs at a time; bad lines are skipped and, if report,
+    counted and named once at the end. A file without a usable pair raises DataError."""
+    bad, part, numbers, kept = {}, [], [], 0   # bad: reason -> [count, the first few places]
+
+    def reject(reason, number):
+      count_places = bad.setdefault(reason, [0, []])
+      count_places[0] += 1
+      if len(count_places[1]) < _SHOW_BAD:
+        count_places[1].append(f"{self.paths[0]}:{number}")
+
+    if len(self.paths) == 2:
+      lines = self._aligned()
+    else:
+      lines = ((number, raw, None) for number, raw in enumerate(_open_lines(self.paths[0]), 1))
+    for number, raw, raw_tgt in lines:
+      try:
+        line = raw.decode("utf-8")
+        other = None if raw_tgt is None else raw_tgt.decode("utf-8")
+      except UnicodeDecodeError:
+        reject("undecodable UTF-8", number)
+        continue
+      if other is None:
+        if not line.strip():
+          reject("empty line", number)
+          continue
+        fields = line.split("\t")
+        if len(fields) != 2:
+          reject("no tab" if len(fields) == 1 else "more than one tab", number)
+          continue
+        src, tgt = fields[0].strip(), fields[1].strip()
+        if not src or not tgt:
+          reject("empty side", number)
+          continue
+      else:
+        src, tgt = line.strip(), other.strip()
+        if not src or not tgt:
+          reject("empty line", number)
+          continue
+      part.append((src, tgt))
+      numbers.append(number)
+      if len(part) == size:
+        kept += len(part)
+        yield part, numbers
+        part, numbers = [], []
+    kept += len(part)
+    if part:
+      yield part, numbers
+    if report:
+      report_skipped({k: tuple(v) for k, v in bad.items()}, self.key)
+    if not kept:
+      raise DataError(f"{self.key}={self.spec!r}: no usable sentence pairs (skipped: "
+                      f"{', '.join(f'{v[0]} {k}' for k, v in bad.items()) or 'none'}); expected "
+                      f"'source<TAB>target' lines or two line-aligned files")
+
+  def _aligned(self):
+    """(number, source line, target line) of two line-aligned files, read side by side."""
+    src_path, tgt_path = self.paths
+    src_lines, tgt_lines = _open_lines(src_path), _open_lines(tgt_path)
+    number = 0
+    for number, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), 1):
+      if s is None or t is None:
+        src_count = number - 1 + (s is not None) + sum(1 for _ in src_lines)
+        tgt_count = number - 1 + (t is not None) + sum(1 for _ in tgt_lines)
+        raise DataError(f"{self.key}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
+                        f"the two files must be line-aligned")
+      yield number, s, t
+
+
 def report_skipped(bad: dict, what: str) -> None:
-  """Warns once with the count per reason and the first few places of each."""
+  """Warns once with the count per reason and the first few places of each. bad: reason -> the places
+  (a list), or -> (count, the first few places)."""
   if not bad:
     return
-  parts = [f"{len(places)} {reason} (first: {', '.join(places[:_SHOW_BAD])})"
-           for reason, places in bad.items()]
-  warnings.warn(f"{what}: skipped {sum(len(v) for v in bad.values())} pairs: {'; '.join(parts)}",
+  counted = {k: v if isinstance(v, tuple) else (len(v), v) for k, v in bad.items()}
+  parts = [f"{count} {reason} (first: {', '.join(places[:_SHOW_BAD])})"
+           for reason, (count, places) in counted.items()]
+  warnings.warn(f"{what}: skipped {sum(c for c, _ in counted.values())} pairs: {'; '.join(parts)}",
                 stacklevel=3)

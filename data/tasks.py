@@ -9,19 +9,20 @@ config.data.task and config.data.text_side (the side lm and mlm read: target for
 by default) are read with defaults, not declared in experiments/default.py: a new key there would change
 the config.json of every run saved before it, and train/ refuses to resume a run whose data.* changed.
 
-Every task is written as translation pairs that the batching code (data/batching.py) buckets and packs
-as it always has, assemble writing tgt_in = BOS + tgt and tgt_out = tgt + EOS per pair:
+Every task is written as translation pairs (`sequences`, from the tokenized pairs' flat arrays) that the
+batching code (data/batching.py) buckets and packs as it always has, assemble writing tgt_in = BOS + tgt and tgt_out = tgt + EOS per pair:
     translation       (src, tgt) unchanged
     lm                ([], text)
-    decoder_only_mt   ([], src + [SEP] + tgt), with tgt_weights 0 on src + [SEP]  (data.lm.decoder_only_pair)
+    decoder_only_mt   ([], src + [SEP] + tgt), with tgt_weights 0 on src + [SEP]  (as data.lm.decoder_only_pair)
     mlm               (text, []), masked per batch by `mask_batch` (data.lm.mlm_mask)
 """
 from __future__ import annotations
 
 import numpy as np
 
-from data.lm import decoder_only_pair, mlm_mask
+from data.lm import SEP, mlm_mask
 from data.sources import DataError
+from data.tokens import join
 from data.vocab import EOS
 
 TASKS = {"translation": "encoder_decoder", "lm": "decoder_only", "decoder_only_mt": "decoder_only",
@@ -29,6 +30,11 @@ TASKS = {"translation": "encoder_decoder", "lm": "decoder_only", "decoder_only_m
 TRANSLATING = ("translation", "decoder_only_mt")   # the tasks whose model translates (dev and test BLEU)
 SIDES = ("source", "target")
 _MLM_STREAM = 0x6d6c6d              # the masked LM's random stream, apart from the batch plan's
+
+
+def source_eos(data_config) -> bool:
+  """config.data.source_eos: whether sources end with EOS (False for runs saved before it existed)."""
+  return bool(data_config.get("source_eos", False))
 
 
 def task_of(data_config) -> str:
@@ -60,33 +66,58 @@ def check_task(data_config, arch: str) -> None:
     raise DataError(f"config.data.text_side={text_side(data_config)!r} is not one of {list(SIDES)}")
 
 
-def sequences(data_config, src_ids, tgt_ids):
-  """Tokenized pairs (int32 arrays; sources end with EOS if config.data.source_eos) -> (src_ids,
-  tgt_ids, tgt_weights or None) as the task's batches hold them (see the module docstring)."""
-  task = task_of(data_config)
+def lengths(data_config, pairs):
+  """The task's sequence lengths of every pair of `pairs` (data.tokens.TokenPairs): (src [pairs],
+  tgt [pairs]), tgt without the EOS or BOS the batch adds. What batch planning and the max_len filter
+  read; `sequences` makes the ids they count."""
+  task, eos = task_of(data_config), int(source_eos(data_config))
+  src, tgt = pairs.src.lengths, pairs.tgt.lengths
+  zero = np.zeros(len(pairs), np.uint8)
   if task == "translation":
-    return src_ids, tgt_ids, None
-  empty = [np.zeros(0, np.int32)] * len(src_ids)
+    return (src + eos if eos else src), tgt
+  if task == "decoder_only_mt":   # source (+ EOS) + SEP + target
+    return zero, src.astype(np.int32) + (eos + 1) + tgt
+  text = src if text_side(data_config) == "source" else tgt
+  return (zero, text) if task == "lm" else (text, zero)
+
+
+def sequences(data_config, pairs, indices):
+  """The ids of pairs `indices` as the task's batches hold them (see the module docstring):
+  (src ids end to end, src lengths [k], tgt ids end to end, tgt lengths [k], tgt_weights or None), the
+  weights (decoder_only_mt: 0 on source + SEP) laid out as tgt_out is: len(tgt) + 1 per pair."""
+  task, eos = task_of(data_config), source_eos(data_config)
+  src, src_len = pairs.src.gather(indices)
+  tgt, tgt_len = pairs.tgt.gather(indices)
+  none = (np.zeros(0, np.int32), np.zeros(len(src_len), np.int64))
+  if eos and task in TRANSLATING:
+    src, src_len = join([(src, src_len), EOS])
+  if task == "translation":
+    return src, src_len, tgt, tgt_len, None
   if task == "decoder_only_mt":
-    triples = [decoder_only_pair(s, t) for s, t in zip(src_ids, tgt_ids)]
-    return empty, [tokens_in[1:] for tokens_in, _, _ in triples], [w for _, _, w in triples]
-  text = [s[s != EOS] for s in src_ids] if text_side(data_config) == "source" else tgt_ids
-  return (empty, text, None) if task == "lm" else (text, empty, None)
+    seq, seq_len = join([(src, src_len), SEP, (tgt, tgt_len)])
+    weights, _ = join([(np.zeros(len(src), np.int32), src_len), 0, (np.ones(len(tgt), np.int32), tgt_len), 1])
+    return *none, seq, seq_len, weights
+  text = (src, src_len) if text_side(data_config) == "source" else (tgt, tgt_len)
+  return (*none, *text, None) if task == "lm" else (*text, *none, None)
 
 
 def finish_fn(data_config, vocab_size: int):
-  """The task's last touch on each assembled batch, finish(batch, key) -> batch with key a tuple of
-  ints that names the batch (BatchIterator passes (seed, epoch, index)), or None."""
+  """The task's last touch on each assembled batch, finish(batch, key, rows) -> batch with key a tuple
+  of ints that names the batch (BatchIterator passes (seed, epoch, index)) and rows = (first, total):
+  the batch holds rows first.. of a global batch of `total` rows (its random draws are the global
+  batch's, so a process's rows do not depend on how many processes share the batch). Or None."""
   if task_of(data_config) != "mlm":
     return None
-  return lambda batch, key: mask_batch(batch, np.random.default_rng([*key, _MLM_STREAM]), vocab_size)
+  return lambda batch, key, rows=None: mask_batch(batch, np.random.default_rng([*key, _MLM_STREAM]),
+                                                  vocab_size, rows)
 
 
-def mask_batch(batch: dict, rng: np.random.Generator, vocab_size: int) -> dict:
+def mask_batch(batch: dict, rng: np.random.Generator, vocab_size: int, rows=None) -> dict:
   """A masked-LM batch (the text in src*, empty targets) -> src corrupted by BERT's 80/10/10 masking,
   tgt_out the original text, tgt_weights 1 on the chosen tokens only (never padding); tgt_in,
-  tgt_segments and tgt_positions mirror src's (the encoder-only model reads src alone)."""
-  inputs, targets, weights = mlm_mask(batch["src"], rng, vocab_size)
+  tgt_segments and tgt_positions mirror src's (the encoder-only model reads src alone). rows: see
+  finish_fn."""
+  inputs, targets, weights = mlm_mask(batch["src"], rng, vocab_size, rows=rows)
   return {**batch, "src": inputs, "tgt_in": inputs, "tgt_out": targets,
           "tgt_segments": batch["src_segments"], "tgt_positions": batch["src_positions"],
           "tgt_weights": weights.astype(np.int32)}

@@ -1,7 +1,8 @@
 """One SentencePiece vocabulary shared by source and target (the paper shares one vocabulary).
 
 Ids: pad 0, unk 1, bos 2, eos 3. Trained once per run directory (workdir/vocab.model) on a seeded random
-sample of the training text, then reused on resume and by decoding.
+sample of the training text (drawn without reading the corpus into memory: data.cache.vocab_sample),
+then reused on resume and by decoding.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import random
 import sentencepiece as spm
 
 VOCAB_FILE = "vocab.model"
+VOCAB_INFO = "vocab.json"    # what it was trained on (data.cache.train_vocab_cached)
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 

@@ -4,6 +4,7 @@ This package owns the run directory written by `python -m train` (layout in docs
 
     config.json        run/config.py      the experiment config the run was trained with
     vocab.model        data/vocab.py      the SentencePiece vocabulary (its fingerprint is in every checkpoint)
+    vocab.json         data/cache.py      the sentences it was trained on: sample size, corpus pairs
     checkpoints/<step> run/checkpoint.py  Orbax checkpoints: params, opt_state, meta
     averaged/<step>    run/checkpoint.py  the average written by `python -m train.average`
     LOCK, versions.json, atomic writes    run/workdir.py
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 from typing import Any
 
 import ml_collections
 
-from data.sources import load_pairs
-from data.vocab import VOCAB_FILE, Vocab, auto_vocab_size, check_vocab, train_vocab
+from data import cache as data_cache
+from data.vocab import VOCAB_FILE, VOCAB_INFO, Vocab, check_vocab
 from model import Transformer, TransformerConfig
 from run import checkpoint as ckpt
 from run.config import load_run_config
@@ -92,15 +94,13 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
 
 
 def get_vocab(data_config, workdir) -> Vocab:
-  """workdir/vocab.model if it exists, else trained from the training split and written atomically."""
+  """workdir/vocab.model if it exists, else trained on a bounded sample of the training split (or taken
+  from the data cache, where a run with the same corpus and vocabulary settings left it) and written
+  atomically, with workdir/vocab.json recording the sample it was trained on."""
   path = pathlib.Path(workdir) / VOCAB_FILE
   if path.exists():
     return Vocab.load(path)
-  pairs = load_pairs(data_config, "train")
-  texts = [side for pair in pairs for side in pair]
-  size = int(data_config.vocab_size) or auto_vocab_size(len(pairs))   # 0: by corpus size
-  model = train_vocab(texts, size, seed=int(data_config.get("vocab_seed", 0)),
-                      sample_sentences=int(data_config.vocab_sample_sentences),
-                      model_type=data_config.get("vocab_model_type", "bpe"))
+  model, info = data_cache.train_vocab_cached(data_config)   # a bounded sample, never the whole corpus
+  write_atomically(path.with_name(VOCAB_INFO), json.dumps(info, indent=1) + "\n")   # sample size etc.
   write_atomically(path, model)
   return Vocab(model, path)

@@ -4,11 +4,14 @@ XLA_FLAGS must be set before JAX is imported anywhere, which is why this lives i
 """
 import os
 import pathlib
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tokenized-corpus cache (data/cache.py) of the tests' throwaway corpora: one folder per session.
+os.environ.setdefault("AIAYN_DATA_CACHE", tempfile.mkdtemp(prefix="aiayn_data_cache_"))
 
 import jax  # noqa: E402
 

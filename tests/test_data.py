@@ -20,7 +20,8 @@ TRAIN_SIZE = 600
 def data_config(tmp_path_factory):
   config = get_config().data
   config.update(synthetic_train_size=TRAIN_SIZE, tfds_data_dir=str(tmp_path_factory.mktemp("tfds")),
-                vocab_size=400, vocab_sample_sentences=1000, max_len=48, batch_tokens=512)
+                vocab_size=400, vocab_sample_sentences=1000, max_len=48, batch_tokens=512,
+                cache_dir=str(tmp_path_factory.mktemp("cache")))
   return config
 
 

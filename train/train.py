@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from data import load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks
+from data import load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks, tokenized
 from decode.bleu import sacrebleu_score
 from decode.translate import translate
 from run import checkpoint as ckpt
@@ -165,9 +165,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # Data.
   # ------------------------------------------------------------------------------------------------
-  if primary:   # process 0 prepares the corpus and the vocabulary once; the others then read them
+  if primary:   # process 0 makes the vocabulary and the tokenized corpus once; the others then read them
     vocab = get_vocab(config.data, workdir)
-    load_pairs(config.data, "train")
+    tokenized(config.data, vocab, "train")   # the on-disk cache (data/cache.py); other hosts wait on its lock
   multihost.barrier("corpus and vocabulary")
   if not primary:
     vocab = get_vocab(config.data, workdir)

@@ -1,0 +1,194 @@
+"""The tokenized corpus on disk, made once: flat token arrays and offsets that every run memory-maps.
+
+    pairs = tokenized(config.data, vocab, "train")   # data.tokens.TokenPairs over the cache (made if absent)
+    model, info = train_vocab_cached(config.data)    # the vocabulary, on a bounded sample (run.get_vocab)
+
+A split's cache is a directory `<cache root>/<split>-<key>/`, the key naming the corpus's fingerprint
+(its files' paths, sizes, times and ends, or the TFDS split's files) and the vocabulary's, so a changed
+file or vocabulary is never read stale:
+    meta.json                 pairs, token counts, dtype, where pairs came from
+    src.ids   tgt.ids         every pair's ids end to end (uint16 where the vocabulary fits, else int32)
+    src.lengths tgt.lengths   ids per pair (uint16, or int32 for a sentence of 65,528 ids or more)
+    src.offsets tgt.offsets   int64 [pairs + 1]: where each pair starts in .ids
+    numbers                   int64 [pairs]: the line (files) or record (TFDS) each pair came from
+It is written into `<name>.tmp-<pid>` and renamed when whole: a killed build leaves a .tmp directory
+that the next build removes, never a directory a run would read. One process makes it while holding
+`<name>.lock` (fcntl.flock, on the shared filesystem); any other process, run or host waits for the lock
+and then reads what it made. The root is config.data.cache_dir, else $AIAYN_DATA_CACHE, else
+~/.cache/aiayn/tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import pathlib
+import random
+import shutil
+
+import numpy as np
+import tqdm
+
+from data import vocab as vocab_lib
+from data.sources import open_split
+from data.tokens import Side, TokenPairs
+
+FORMAT = 1            # bumped when the layout changes: an older cache is then made again
+_CHUNK = 20_000       # pairs tokenized at a time (bounds the builder's memory)
+_SIDES = ("src", "tgt")
+
+
+def cache_root(data_config) -> pathlib.Path:
+  root = (data_config.get("cache_dir", "") or os.environ.get("AIAYN_DATA_CACHE")
+          or pathlib.Path.home() / ".cache" / "aiayn" / "tokens")
+  return pathlib.Path(root)
+
+
+def _key(*parts) -> str:
+  return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path, what: str):
+  """Holds an exclusive flock on `path` (waiting, and saying so, while another process holds it)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a+") as handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      print(f"[data] waiting for another process to finish {what} ({path})", flush=True)
+      fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def split_dir(data_config, vocab, split: str, reader=None) -> pathlib.Path:
+  """Where the cache of `split` tokenized with `vocab` lives (whether or not it has been made)."""
+  reader = reader or open_split(data_config, split)
+  key = _key(FORMAT, reader.fingerprint(), vocab.fingerprint, data_config.src_lang, data_config.tgt_lang)
+  return cache_root(data_config) / f"{split}-{key}"
+
+
+def tokenized(data_config, vocab, split: str = "train") -> TokenPairs:
+  """The split tokenized with vocab, memory-mapped from its cache; made first if absent (see the
+  module docstring), reporting bad lines by file:line and showing pairs/s as it goes."""
+  reader = open_split(data_config, split)
+  path = split_dir(data_config, vocab, split, reader)
+  if not (path / "meta.json").exists():
+    with _locked(path.with_name(path.name + ".lock"), f"tokenizing {split}"):
+      if not (path / "meta.json").exists():   # another process may have made it while we waited
+        _build(reader, vocab, path, split)
+  return open_cache(path)
+
+
+def open_cache(path) -> TokenPairs:
+  """A made cache directory -> TokenPairs over memory maps (nothing read until used)."""
+  path = pathlib.Path(path)
+  meta = json.loads((path / "meta.json").read_text())
+  if meta.get("format") != FORMAT:
+    raise ValueError(f"{path}: cache format {meta.get('format')}, expected {FORMAT}; delete it")
+  n = int(meta["pairs"])
+  mapped = lambda name, dtype, count: (np.memmap(path / name, dtype, "r", shape=(count,)) if count
+                                       else np.zeros(0, dtype))
+  sides = [Side(mapped(f"{side}.ids", meta["dtype"], meta["tokens"][side]),
+                mapped(f"{side}.offsets", np.int64, n + 1),
+                mapped(f"{side}.lengths", meta["length_dtype"][side], n)) for side in _SIDES]
+  numbers = mapped("numbers", np.int64, n)
+  return TokenPairs(*sides, origin=lambda i: meta["origin"].format(int(numbers[i])))
+
+
+def _build(reader, vocab, path: pathlib.Path, split: str) -> None:
+  for stale in path.parent.glob(f"{path.name}.tmp*"):   # a killed build's; we hold the lock
+    shutil.rmtree(stale, ignore_errors=True)
+  tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+  tmp.mkdir(parents=True)
+  dtype = np.uint16 if vocab.size <= 2 ** 16 else np.int32
+  files = {name: open(tmp / name, "wb") for name in
+           ("src.ids", "tgt.ids", "src.lengths", "tgt.lengths", "src.offsets", "tgt.offsets", "numbers")}
+  totals, longest, pairs = {"src": 0, "tgt": 0}, {"src": 0, "tgt": 0}, 0
+  for side in _SIDES:
+    np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
+  bar = tqdm.tqdm(total=reader.size, desc=f"[data] tokenizing {split} into {path.name}", unit=" pairs",
+                  unit_scale=True, dynamic_ncols=True, mininterval=1.0)
+  with bar:
+    for chunk, numbers in reader.chunks(report=True, size=_CHUNK):
+      for side, texts in zip(_SIDES, zip(*chunk)):
+        ids = vocab.encode_batch(list(texts))
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())).tofile(files[f"{side}.ids"])
+        (totals[side] + np.cumsum(lengths)).tofile(files[f"{side}.offsets"])
+        np.minimum(lengths, 2 ** 31 - 1).astype(np.int32).tofile(files[f"{side}.lengths"])
+        totals[side] += int(lengths.sum())
+        longest[side] = max(longest[side], int(lengths.max(initial=0)))
+      np.asarray(numbers, np.int64).tofile(files["numbers"])
+      pairs += len(chunk)
+      bar.update(len(chunk))
+  for handle in files.values():
+    handle.close()
+  length_dtypes = {}
+  for side in _SIDES:   # int32 lengths as written, narrowed to uint16 where every length fits
+    if longest[side] < 2 ** 16 - 8:   # room for the few ids a task adds (data.tasks.lengths)
+      wide = np.fromfile(tmp / f"{side}.lengths", np.int32)
+      wide.astype(np.uint16).tofile(tmp / f"{side}.lengths")
+      del wide
+    length_dtypes[side] = "uint16" if longest[side] < 2 ** 16 - 8 else "int32"
+  meta = {"format": FORMAT, "split": split, "pairs": pairs, "tokens": totals, "dtype": np.dtype(dtype).name,
+          "length_dtype": length_dtypes, "origin": reader.origin, "vocab": vocab.fingerprint,
+          "corpus": reader.fingerprint()}
+  (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+  os.replace(tmp, path)
+  print(f"[data] tokenized {pairs:,} {split} pairs ({totals['src']:,} + {totals['tgt']:,} tokens) "
+        f"into {path}")
+
+
+def vocab_sample(data_config, sample_sentences: int, seed: int):
+  """(texts, corpus pairs): the training sentences a vocabulary is trained on, source and target of
+  every pair counted as two sentences, `sample_sentences` of them drawn as random.Random(seed).sample
+  draws from the whole list (all of them, in order, if there are fewer), without holding the corpus:
+  one pass counts the pairs (files; TFDS splits know their size), one collects the drawn sentences."""
+  reader = open_split(data_config, "train")
+  pairs = reader.size
+  if pairs is None:
+    pairs = sum(len(chunk) for chunk, _ in reader.chunks(report=False))
+  texts = 2 * pairs
+  drawn = (list(range(texts)) if texts <= sample_sentences
+           else random.Random(seed).sample(range(texts), sample_sentences))   # [text index], in draw order
+  if hasattr(reader, "take"):
+    wanted = sorted({i // 2 for i in drawn})
+    found = dict(zip(wanted, reader.take(wanted)))
+  else:
+    wanted, found, seen = {i // 2 for i in drawn}, {}, 0
+    for chunk, _ in reader.chunks(report=False):
+      found.update((seen + j, pair) for j, pair in enumerate(chunk) if seen + j in wanted)
+      seen += len(chunk)
+  return [found[i // 2][i % 2] for i in drawn], pairs
+
+
+def train_vocab_cached(data_config):
+  """(model bytes, info): the vocabulary config.data describes, trained on `vocab_sample` of the
+  training split; taken from the cache root where a run with the same corpus and settings made it
+  (sweep trials, a new run directory), else trained and kept there. info records the sample."""
+  settings = {key: data_config.get(key, default) for key, default in (
+      ("vocab_size", 0), ("vocab_seed", 0), ("vocab_sample_sentences", 0), ("vocab_model_type", "bpe"))}
+  reader = open_split(data_config, "train")
+  path = cache_root(data_config) / f"vocab-{_key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values())}.model"
+  with _locked(path.with_suffix(".lock"), "the vocabulary"):
+    if path.exists() and path.with_suffix(".json").exists():
+      return path.read_bytes(), json.loads(path.with_suffix(".json").read_text())
+    texts, pairs = vocab_sample(data_config, int(settings["vocab_sample_sentences"]),
+                                int(settings["vocab_seed"]))
+    size = int(settings["vocab_size"]) or vocab_lib.auto_vocab_size(pairs)   # 0: by corpus size
+    model = vocab_lib.train_vocab(texts, size, seed=int(settings["vocab_seed"]),
+                                  sample_sentences=len(texts), model_type=settings["vocab_model_type"])
+    info = {**settings, "pieces": size, "corpus_pairs": pairs, "corpus_sentences": 2 * pairs,
+            "sample_sentences": len(texts)}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(model)
+    os.replace(tmp, path)
+    return model, info
