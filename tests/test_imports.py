@@ -12,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS; the command
 # lines that load experiments (python -m train, python -m train.sweep, benchmarks) sit on top.
 RANK = {"data": 0, "kernels": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
-        "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6}
+        "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6,
+        "train.search": 6, "train.search_trial": 6, "train.search_report": 6}
 PACKAGES = {"data", "kernels", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
 
 
