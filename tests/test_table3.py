@@ -83,7 +83,7 @@ def test_cpu_variant_names_the_missing_corpus_and_bad_options(tmp_path):
     sweep.declared_trials(f"{TABLE3}:cpu,corpus={tmp_path / 'nowhere'}")
   with pytest.raises(ValueError, match="unknown option 'corpse=x'"):
     T3.get_config("cpu,corpse=x")
-  with pytest.raises(ValueError, match="only 'cpu' takes options"):
+  with pytest.raises(ValueError, match="only cpu and cpu_overfit take options"):
     T3.get_config("base,corpus=x")
   assert T3.get_config("cpu").data.train_path.endswith("corpus/po_ende/train.tsv")   # the default place
 

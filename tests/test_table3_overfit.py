@@ -1,0 +1,64 @@
+"""experiments/table3.py:cpu_overfit: the cpu rule on a slice of the corpus, several passes over it.
+
+The slice spans the whole training file, is written once and atomically, and every row keeps the cpu
+variant's shrinking but trains the overfit regime's steps at its learning rate.
+"""
+import pathlib
+
+import pytest
+
+import experiments
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TABLE3 = ROOT / "experiments" / "table3.py"
+T3 = experiments.load_module(TABLE3)
+
+
+def _corpus(directory: pathlib.Path, train_pairs: int = 100) -> pathlib.Path:
+  directory.mkdir(parents=True)
+  (directory / "train.tsv").write_text("".join(f"source {i}\tziel {i}\n" for i in range(train_pairs)))
+  for split in ("dev", "test"):
+    (directory / f"{split}.tsv").write_text("a\tb\n")
+  return directory
+
+
+def _trials(arg):
+  out = []
+  T3.sweep(lambda name, **overrides: out.append((name, overrides)), arg)
+  return dict(out)
+
+
+def test_slice_spans_the_file_and_is_written_once(tmp_path):
+  assert T3.slice_lines(list(range(10)), 3) == [0, 3, 6]
+  assert T3.slice_lines(list(range(5)), 8) == [0, 1, 2, 3, 4]      # fewer lines than asked: all of them
+  corpus = _corpus(tmp_path / "c")
+  path = pathlib.Path(T3.overfit_slice(str(corpus), pairs=10))
+  assert path.read_text().splitlines() == [f"source {i}\tziel {i}" for i in range(0, 100, 10)]
+  path.write_text("kept\tkept\n")                                   # an existing slice is not rewritten
+  assert pathlib.Path(T3.overfit_slice(str(corpus), pairs=10)).read_text() == "kept\tkept\n"
+  assert not list(corpus.glob(".*.tmp"))
+  with pytest.raises(FileNotFoundError, match="build_po_corpus.py"):
+    T3.overfit_slice(str(tmp_path / "nowhere"))
+
+
+def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
+  corpus = _corpus(tmp_path / "c", train_pairs=3 * T3.OVERFIT_PAIRS)
+  cpu = T3.get_config(f"cpu,corpus={corpus}")
+  over = T3.get_config(f"cpu_overfit,corpus={corpus}")
+  assert over.model.to_dict() == cpu.model.to_dict()
+  assert over.data.train_path == str(corpus / f"train_slice{T3.OVERFIT_PAIRS}.tsv")
+  assert len(pathlib.Path(over.data.train_path).read_text().splitlines()) == T3.OVERFIT_PAIRS
+  assert (over.data.dev_path, over.data.test_path) == (cpu.data.dev_path, cpu.data.test_path)
+  assert over.train.num_steps == T3.OVERFIT_STEPS > cpu.train.num_steps
+  assert over.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * cpu.train.learning_rate, rel=1e-4)
+  assert 0 < over.train.bleu_every < over.train.num_steps   # dev BLEU is measured before the end
+
+  cpu_rows, rows = _trials(f"cpu,corpus={corpus}"), _trials(f"cpu_overfit,corpus={corpus}")
+  assert list(rows)[:len(cpu_rows)] == list(cpu_rows)
+  assert [n for n in rows if n not in cpu_rows] == [f"{r}_seed1" for r in T3.OVERFIT_SECOND_SEED]
+  for name in T3.OVERFIT_SECOND_SEED:
+    assert rows[f"{name}_seed1"] == {**rows[name], "seed": 1}
+  assert rows["big"]["train.num_steps"] == 3 * T3.OVERFIT_STEPS
+  assert rows["C_d256"]["train.learning_rate"] == pytest.approx(
+      T3.OVERFIT_LR_SCALE * cpu_rows["C_d256"]["train.learning_rate"], rel=1e-4)
+  assert rows["A_h1"]["model.d_k"] == cpu_rows["A_h1"]["model.d_k"] == 512 // T3.CPU_SCALE
