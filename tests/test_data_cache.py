@@ -1,0 +1,218 @@
+"""The tokenized corpus on disk (data/cache.py): made once, never stale, never half; per-process rows."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from data import cache, load_pairs, make_train_iterator, synthetic, tokenized
+from data import vocab as vocab_lib
+from data.batching import _cuts
+from experiments.default import get_config
+from run import get_vocab
+
+PAIRS = 1500
+BAD_LINES = (7, 400)   # 1-based line numbers of train.tsv that are malformed
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """A TSV corpus of PAIRS synthetic pairs, two of its lines malformed."""
+  folder = tmp_path_factory.mktemp("corpus")
+  pairs = synthetic.generate(0, {"train": PAIRS})
+  lines = [f"{s}\t{t}" for s, t in pairs["train"]]
+  for number in BAD_LINES:
+    lines.insert(number - 1, "a line without a tab")
+  (folder / "train.tsv").write_text("\n".join(lines) + "\n")
+  (folder / "dev.tsv").write_text("\n".join(f"{s}\t{t}" for s, t in pairs["dev"][:50]) + "\n")
+  return folder
+
+
+def _config(corpus, tmp_path, **changes):
+  config = get_config().data
+  config.update(source="files", train_path=str(corpus / "train.tsv"), dev_path=str(corpus / "dev.tsv"),
+                test_path=str(corpus / "dev.tsv"), vocab_size=200, vocab_sample_sentences=1000, max_len=48,
+                batch_tokens=256, cache_dir=str(tmp_path / "cache"))
+  config.update(**changes)
+  return config
+
+
+def _same(a, b):
+  assert a.keys() == b.keys()
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_a_second_run_and_a_resume_read_the_cache_without_tokenizing(corpus, tmp_path, monkeypatch):
+  config = _config(corpus, tmp_path)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    vocab = get_vocab(config, tmp_path / "run1")
+    first = make_train_iterator(config, vocab, seed=0, row_multiple=4)
+    batches = [next(first) for _ in range(6)]
+  bad = [str(w.message) for w in caught if "a line without" in str(w.message) or "no tab" in str(w.message)]
+  assert len(bad) == 1 and all(f"train.tsv:{n}" in bad[0] for n in BAD_LINES)   # named once, when made
+  info = json.loads((tmp_path / "run1" / vocab_lib.VOCAB_INFO).read_text())
+  assert info["sample_sentences"] == 1000 and info["corpus_pairs"] == PAIRS   # a bounded sample, recorded
+
+  def never(*args, **kwargs):
+    raise AssertionError("tokenized or trained again")
+  monkeypatch.setattr(vocab_lib.Vocab, "encode_batch", never)
+  monkeypatch.setattr(vocab_lib, "train_vocab", never)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    again = get_vocab(config, tmp_path / "run2")   # a new run directory: the cached vocabulary
+    second = make_train_iterator(config, again, seed=0, row_multiple=4)
+    for expected in batches:
+      _same(next(second), expected)
+    resumed = make_train_iterator(config, again, seed=0, row_multiple=4)
+    resumed.set_state({**first.get_state(), "index": 3})
+    for expected in batches[3:]:
+      _same(next(resumed), expected)
+  assert again.fingerprint == vocab.fingerprint
+  assert not [w for w in caught if "no tab" in str(w.message)]
+
+
+def test_the_vocabulary_sample_is_the_one_drawn_from_the_whole_corpus(corpus, tmp_path):
+  config = _config(corpus, tmp_path, vocab_sample_sentences=700, vocab_seed=3)
+  texts = [side for pair in load_pairs(config, "train") for side in pair]
+  model, info = cache.train_vocab_cached(config)
+  assert model == vocab_lib.train_vocab(texts, 200, seed=3, sample_sentences=700)
+  assert info["sample_sentences"] == 700
+
+
+def test_a_changed_corpus_file_or_vocabulary_makes_a_new_cache(corpus, tmp_path):
+  folder = tmp_path / "own"
+  folder.mkdir()
+  (folder / "train.tsv").write_text((corpus / "train.tsv").read_text())
+  config = _config(corpus, tmp_path, train_path=str(folder / "train.tsv"))
+  vocab = get_vocab(config, tmp_path / "run")
+  before = tokenized(config, vocab)
+  with open(folder / "train.tsv", "a") as f:
+    f.write("one more sentence\tein weiterer satz\n")
+  after = tokenized(config, vocab)
+  assert len(after) == len(before) + 1 == PAIRS + 1
+  np.testing.assert_array_equal(after.tgt[PAIRS], vocab.encode("ein weiterer satz"))
+  other = get_vocab(_config(corpus, tmp_path, train_path=str(folder / "train.tsv"), vocab_size=150),
+                    tmp_path / "other")
+  assert other.fingerprint != vocab.fingerprint
+  rebuilt = tokenized(config, other)
+  np.testing.assert_array_equal(rebuilt.src[5], other.encode(load_pairs(config, "train")[5][0]))
+  assert len({cache.split_dir(config, v, "train") for v in (vocab, other)}) == 2
+
+
+_DIE_WHILE_TOKENIZING = """
+import json, os, sys
+import ml_collections
+from data import cache, vocab as vocab_lib
+config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+vocab = vocab_lib.Vocab.load(sys.argv[2])
+encode, calls = vocab_lib.Vocab.encode_batch, []
+def dying(self, texts):
+  calls.append(1)
+  if len(calls) == 3:          # the first chunk is written; the process dies in the second
+    os._exit(9)
+  return encode(self, texts)
+vocab_lib.Vocab.encode_batch = dying
+cache._CHUNK = 100
+cache.tokenized(config, vocab)
+"""
+
+
+def test_a_killed_cache_build_is_detected_and_made_again(corpus, tmp_path):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  done = subprocess.run([sys.executable, "-c", _DIE_WHILE_TOKENIZING, json.dumps(config.to_dict()),
+                         str(tmp_path / "run" / "vocab.model")], capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert done.returncode == 9, done.stderr
+  path = cache.split_dir(config, vocab, "train")
+  partial = list(path.parent.glob(path.name + ".tmp*"))
+  assert not path.exists() and len(partial) == 1 and (partial[0] / "src.ids").stat().st_size > 0
+  pairs = tokenized(config, vocab)
+  assert path.exists() and not partial[0].exists() and len(pairs) == PAIRS
+  texts = load_pairs(config, "train")
+  for i in (0, 150, PAIRS - 1):   # past the killed build's first chunk too
+    np.testing.assert_array_equal(pairs.src[i], vocab.encode(texts[i][0]))
+    np.testing.assert_array_equal(pairs.tgt[i], vocab.encode(texts[i][1]))
+
+
+def test_processes_waiting_on_the_lock_read_the_cache_one_of_them_made(corpus, tmp_path, monkeypatch):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  build, builds = cache._build, []
+
+  def slow_build(*args):
+    builds.append(1)
+    time.sleep(0.5)   # the other waits on the lock meanwhile
+    build(*args)
+  monkeypatch.setattr(cache, "_build", slow_build)
+  out = [None, None]
+  threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, tokenized(config, vocab))) for i in (0, 1)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert len(builds) == 1
+  np.testing.assert_array_equal(out[0].tgt.ids, out[1].tgt.ids)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_two_processes_read_only_their_rows_and_make_the_one_process_batches(corpus, tmp_path, pack):
+  config = _config(corpus, tmp_path, pack=pack)
+  vocab = get_vocab(config, tmp_path / "run")
+  whole = make_train_iterator(config, vocab, seed=1, row_multiple=4)
+  parts = [make_train_iterator(config, vocab, seed=1, row_multiple=4, process_index=p, process_count=2)
+           for p in (0, 1)]
+  read = {}
+  for name, it in [("whole", whole), (0, parts[0]), (1, parts[1])]:
+    get = it.sequences
+
+    def recording(indices, get=get, name=name):
+      read.setdefault(name, []).append(np.asarray(indices).copy())
+      return get(indices)
+    it.sequences = recording
+  for _ in range(6):
+    batch = next(whole)
+    halves = [next(p) for p in parts]
+    for key in batch:
+      np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), batch[key])
+    mine = [set(read[p][-1].tolist()) for p in (0, 1)]
+    assert not mine[0] & mine[1] and mine[0] | mine[1] == set(read["whole"][-1].tolist())
+    assert mine[0] and mine[1]
+
+
+def test_a_resume_on_another_device_count_gets_the_same_batches(corpus, tmp_path):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  eight = make_train_iterator(config, vocab, seed=2, row_multiple=8)
+  stream = [next(eight) for _ in range(5)]
+  state = dict(eight.get_state(), index=2)
+  two = make_train_iterator(config, vocab, seed=2, row_multiple=2)
+  two.set_state(state)
+  for expected in stream[2:]:
+    got = next(two)
+    rows = min(len(got["src"]), len(expected["src"]))
+    for key in expected:   # the same pairs in the same rows; only empty padding rows differ
+      np.testing.assert_array_equal(got[key][:rows], expected[key][:rows])
+      assert not got[key][rows:].any() and not expected[key][rows:].any()
+
+
+@pytest.mark.parametrize("cap", [None, 7])
+def test_cuts_are_the_groups_of_adding_one_pair_at_a_time(cap):
+  rng = np.random.default_rng(0)
+  src = rng.integers(0, 20, 150_000).astype(np.uint16)   # longer than _cuts' window
+  tgt = rng.integers(1, 20, 150_000).astype(np.uint16)
+  expected, used_src, used_tgt, size = [0], 0, 0, 0
+  for i, (s, t) in enumerate(zip(src.tolist(), tgt.tolist())):
+    if size and (size == cap or used_src + s > 40 or used_tgt + t > 40):
+      expected.append(i)
+      used_src, used_tgt, size = 0, 0, 0
+    used_src, used_tgt, size = used_src + s, used_tgt + t, size + 1
+  expected.append(len(src))
+  np.testing.assert_array_equal(_cuts(src, tgt, 40, cap), expected)
