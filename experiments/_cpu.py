@@ -1,8 +1,9 @@
 """What CPU this is: its model, cores and the instruction-set flags that decide bfloat16 speed.
 
 Read from /proc/cpuinfo (Linux; elsewhere the flags read as absent) and nothing else imported, so that
-the benchmark harness can record it without loading JAX. experiments/small_corpus.py uses it to choose
-bfloat16 matmuls only where the CPU has bfloat16 instructions.
+the benchmark harness can record it without loading JAX. It describes a measurement's machine; no
+experiment reads it (tests/test_experiments.py): a config is the same on every CPU, and bfloat16 is an
+experiment's argument (small_corpus.py:bf16), since a CPU flag does not say that bfloat16 is faster.
 """
 from __future__ import annotations
 

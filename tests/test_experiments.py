@@ -197,22 +197,44 @@ def test_smoke_variant_trains_two_steps(path, tmp_path):
   assert math.isfinite(outcome.eval["eval/loss"])
 
 
-def test_small_corpus_chooses_bfloat16_by_the_cpu_and_keeps_the_budget():
+def test_small_corpus_dtype_is_its_argument_and_keeps_the_budget():
   module = _module(ROOT / "experiments" / "small_corpus.py")
-  plain = {"avx2": True, "avx512f": True, "avx512_bf16": False, "amx_bf16": False}
-  with_bf16 = module.get_config(cpu=dict(plain, avx512_bf16=True))
-  amx = module.get_config(cpu=dict(plain, amx_bf16=True))
-  without = module.get_config(cpu=plain)
-  assert with_bf16.model.matmul_dtype == amx.model.matmul_dtype == "bfloat16"
-  assert without.model.matmul_dtype is None
+  bf16, plain = module.get_config("bf16"), module.get_config()
+  assert bf16.model.matmul_dtype == "bfloat16" and plain.model.matmul_dtype is None
+  assert module.get_config("smoke").model.matmul_dtype is None
   # The same wall-clock: float32 steps run 1/BF16_SPEEDUP as fast, so there are that many fewer.
-  assert with_bf16.train.num_steps == module.STEPS_BF16
-  assert abs(without.train.num_steps * module.BF16_SPEEDUP - module.STEPS_BF16) < 10
-  for config in (with_bf16, without):   # the tuned recipe (docs/small_corpus.md)
+  assert bf16.train.num_steps == module.STEPS_BF16
+  assert abs(plain.train.num_steps * module.BF16_SPEEDUP - module.STEPS_BF16) < 10
+  for config in (bf16, plain):   # the tuned recipe (docs/small_corpus.md)
     assert config.model.pre_norm and config.model.dropout_rate == 0.0
     assert config.train.learning_rate == 8e-3 and config.train.average_last == 5
     assert config.data.vocab_size == 0 and config.data.source_eos and config.decode.alpha == 1.0
     TransformerConfig(vocab_size=12_000, **config.model.to_dict())   # a valid model config
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_no_experiment_reads_the_machine(path, monkeypatch):
+  """An experiment's config is a function of its file and argument: the same on every CPU, so that a run
+  resumes on another machine with the config it started with."""
+  import builtins
+  import platform
+  real_open = builtins.open
+
+  def guarded_open(file, *args, **kwargs):
+    assert not str(file).startswith(("/proc", "/sys")), f"{path.name} reads {file}"
+    return real_open(file, *args, **kwargs)
+
+  def no_probe(*_):
+    raise AssertionError(f"{path.name} probes the machine")
+
+  monkeypatch.setattr(builtins, "open", guarded_open)
+  monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: guarded_open(self, *a, **k).read())
+  for name in ("processor", "machine", "platform"):
+    monkeypatch.setattr(platform, name, no_probe)
+  monkeypatch.setattr("os.cpu_count", no_probe)
+  module = _module(path)
+  for arg in _args(path):
+    assert module.get_config(arg).to_json() == module.get_config(arg).to_json()
 
 
 def test_auto_vocab_size_grows_with_the_corpus_within_bounds():
