@@ -23,9 +23,10 @@ def task_sequences(data_config, pairs, max_len=None, what="data"):
   BatchIterator(sequences=...) reads."""
   src_len, tgt_len = tasks.lengths(data_config, pairs)
   keep = fitting(src_len, tgt_len, max_len, pairs.origin, what)
+  get = tasks.sequences(data_config, pairs)
   if len(keep) == len(pairs):
-    return src_len, tgt_len, lambda indices: tasks.sequences(data_config, pairs, indices)
-  return src_len[keep], tgt_len[keep], lambda indices: tasks.sequences(data_config, pairs, keep[indices])
+    return src_len, tgt_len, get
+  return src_len[keep], tgt_len[keep], lambda indices: get(keep[indices])
 
 
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):

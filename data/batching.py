@@ -213,16 +213,17 @@ def assemble(sequences, length: int, members, row_bounds, rows: int, first_row: 
     before = np.cumsum(size) - size
     offset = before - before[first_of_row]                         # [k] where each pair starts in its row
     where = ranges(row * length + offset, size)                    # flat slots of every pair's tokens
+    flat = lambda key: batch[key].reshape(-1)                      # [rows * length] views
     if side == "src":
-      batch["src"].flat[where] = ids
+      flat("src")[where] = ids
     else:   # tgt_in = BOS + target, tgt_out = target + EOS, per pair
-      batch["tgt_in"].flat[where] = join([BOS, (ids, tgt_len)])[0]
-      batch["tgt_out"].flat[where] = join([(ids, tgt_len), EOS])[0]
+      flat("tgt_in")[where] = join([BOS, (ids, tgt_len)])[0]
+      flat("tgt_out")[where] = join([(ids, tgt_len), EOS])[0]
       if weights is not None:
         batch["tgt_weights"] = np.zeros((rows, length), np.int32)
-        batch["tgt_weights"].flat[where] = weights
-    batch[f"{side}_segments"].flat[where] = np.repeat(segment, size)
-    batch[f"{side}_positions"].flat[where] = within(size)
+        flat("tgt_weights")[where] = weights
+    flat(f"{side}_segments")[where] = np.repeat(segment, size)
+    flat(f"{side}_positions")[where] = within(size)
   return batch
 
 

@@ -93,8 +93,9 @@ def open_cache(path) -> TokenPairs:
   if meta.get("format") != FORMAT:
     raise ValueError(f"{path}: cache format {meta.get('format')}, expected {FORMAT}; delete it")
   n = int(meta["pairs"])
-  mapped = lambda name, dtype, count: (np.memmap(path / name, dtype, "r", shape=(count,)) if count
-                                       else np.zeros(0, dtype))
+  # Plain ndarray views of the maps: np.memmap's own indexing costs more than a batch's gathers.
+  mapped = lambda name, dtype, count: (np.asarray(np.memmap(path / name, dtype, "r", shape=(count,)))
+                                       if count else np.zeros(0, dtype))
   sides = [Side(mapped(f"{side}.ids", meta["dtype"], meta["tokens"][side]),
                 mapped(f"{side}.offsets", np.int64, n + 1),
                 mapped(f"{side}.lengths", meta["length_dtype"][side], n)) for side in _SIDES]

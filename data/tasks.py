@@ -81,24 +81,28 @@ def lengths(data_config, pairs):
   return (zero, text) if task == "lm" else (text, zero)
 
 
-def sequences(data_config, pairs, indices):
-  """The ids of pairs `indices` as the task's batches hold them (see the module docstring):
-  (src ids end to end, src lengths [k], tgt ids end to end, tgt lengths [k], tgt_weights or None), the
-  weights (decoder_only_mt: 0 on source + SEP) laid out as tgt_out is: len(tgt) + 1 per pair."""
-  task, eos = task_of(data_config), source_eos(data_config)
-  src, src_len = pairs.src.gather(indices)
-  tgt, tgt_len = pairs.tgt.gather(indices)
-  none = (np.zeros(0, np.int32), np.zeros(len(src_len), np.int64))
-  if eos and task in TRANSLATING:
-    src, src_len = join([(src, src_len), EOS])
-  if task == "translation":
-    return src, src_len, tgt, tgt_len, None
-  if task == "decoder_only_mt":
-    seq, seq_len = join([(src, src_len), SEP, (tgt, tgt_len)])
-    weights, _ = join([(np.zeros(len(src), np.int32), src_len), 0, (np.ones(len(tgt), np.int32), tgt_len), 1])
-    return *none, seq, seq_len, weights
-  text = (src, src_len) if text_side(data_config) == "source" else (tgt, tgt_len)
-  return (*none, *text, None) if task == "lm" else (*text, *none, None)
+def sequences(data_config, pairs):
+  """get(indices) -> the ids of pairs `indices` of `pairs` (data.tokens.TokenPairs) as the task's batches
+  hold them (see the module docstring): (src ids end to end, src lengths [k], tgt ids end to end, tgt
+  lengths [k], tgt_weights or None), the weights (decoder_only_mt: 0 on source + SEP) laid out as
+  tgt_out is: len(tgt) + 1 per pair. The config is read once, here."""
+  task, eos, side = task_of(data_config), source_eos(data_config), text_side(data_config)
+
+  def get(indices):
+    src, src_len = pairs.src.gather(indices)
+    tgt, tgt_len = pairs.tgt.gather(indices)
+    none = (np.zeros(0, np.int32), np.zeros(len(src_len), np.int64))
+    if eos and task in TRANSLATING:
+      src, src_len = join([(src, src_len), EOS])
+    if task == "translation":
+      return src, src_len, tgt, tgt_len, None
+    if task == "decoder_only_mt":
+      seq, seq_len = join([(src, src_len), SEP, (tgt, tgt_len)])
+      weights, _ = join([(np.zeros(len(src), np.int32), src_len), 0, (np.ones(len(tgt), np.int32), tgt_len), 1])
+      return *none, seq, seq_len, weights
+    text = (src, src_len) if side == "source" else (tgt, tgt_len)
+    return (*none, *text, None) if task == "lm" else (*text, *none, None)
+  return get
 
 
 def finish_fn(data_config, vocab_size: int):
