@@ -30,6 +30,7 @@ from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import ops_for
+from run.mesh import make_mesh
 
 
 def bucket_length(length: int) -> int:
@@ -53,11 +54,6 @@ def batch_rows(count: int, max_rows: int) -> int:
 
 def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
-
-
-def device_mesh(devices=None) -> Mesh:
-  """A 1-D ('data',) mesh over `devices` (default: this process's devices) for translate."""
-  return Mesh(np.array(jax.local_devices() if devices is None else list(devices)), ("data",))
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,7 +143,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
   source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
-  mesh: the devices that share each batch (default: `device_mesh()`, all of this process's devices; on a
+  mesh: the devices that share each batch (default: run/mesh.py's mesh over this process's devices; on a
   CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
   cfg = model.cfg
@@ -160,7 +156,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     raise ValueError("sampling draws one translation per sentence: use nbest=1")
   sampling_key = tuple(sorted((sampling or {}).items()))
   rng = jax.random.key(seed)
-  mesh = device_mesh() if mesh is None else mesh
+  mesh = make_mesh(jax.local_devices()) if mesh is None else mesh
   num_devices = mesh.devices.size
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
   weights = decoding_weights_fn(cfg, mesh)(params)              # laid out once, not per batch

@@ -60,9 +60,10 @@ def checkpoint_arg(text):
     raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number, 'averaged' or 'latest'") from None
 
 
-def model_config(config: ml_collections.ConfigDict, vocab: Vocab) -> TransformerConfig:
-  """The architecture of a run: its config.model plus the vocabulary's size."""
-  return TransformerConfig(vocab_size=vocab.size, **config.model.to_dict())
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+  """The architecture of a run: its config.model plus the vocabulary's size. The one place a config
+  becomes a model: `Transformer(model_config(config, vocab.size))`."""
+  return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
 
 
 def load_vocab(workdir) -> Vocab:
@@ -84,7 +85,7 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
   """
   config = load_run_config(workdir)
   vocab = load_vocab(workdir)
-  cfg = model_config(config, vocab)
+  cfg = model_config(config, vocab.size)
   if check is not None:
     check(cfg)
   params, step = ckpt.load_params(workdir, checkpoint)

@@ -9,6 +9,7 @@ import pytest
 from train import average
 from run import checkpoint as ckpt
 from run import workdir as run_dir
+from run.mesh import make_mesh
 from train import step as step_lib
 
 
@@ -37,7 +38,7 @@ def write_checkpoints(workdir, mesh, steps, keep=None):
 
 
 def test_round_trip_is_exact_and_sharded(tmp_path):
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   manager = write_checkpoints(tmp_path, mesh, [10, 20])
   params, opt_state = make_state(mesh, 20.0)
   got_params, got_opt, meta, manager = ckpt.restore_latest(tmp_path, manager, abstract_of(params),
@@ -52,7 +53,7 @@ def test_round_trip_is_exact_and_sharded(tmp_path):
 
 
 def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   manager = write_checkpoints(tmp_path, mesh, [10, 20, 30])
   manager.close()
   # Damage step 30's arrays: overwrite every file of its params item with garbage.
@@ -77,7 +78,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
 
 
 def test_load_params(tmp_path):
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   write_checkpoints(tmp_path, mesh, [1, 2, 3], keep=2).close()
   params, step = ckpt.load_params(tmp_path)
   assert step == 3
@@ -93,7 +94,7 @@ def test_load_params(tmp_path):
 
 
 def test_averaging_arithmetic(tmp_path, capsys):
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   write_checkpoints(tmp_path, mesh, [100, 200, 300, 400]).close()
   average.main(["--workdir", str(tmp_path), "--last", "3"])
   assert "[200, 300, 400]" in capsys.readouterr().out

@@ -23,7 +23,9 @@ from data.vocab import BOS, EOS, VOCAB_FILE
 from decode.bleu import sacrebleu_score
 from decode.prompt import prompt_search
 from decode.translate import translate
+from model import Transformer
 from run import checkpoint as ckpt, config as config_io, metrics as metrics_io, user_errors
+from run.mesh import make_mesh
 from train import schedules
 from train import step as step_lib
 from train.optimizer import make_optimizer
@@ -77,8 +79,8 @@ def trained(vocab_dir, tmp_path_factory):
 def stepper(config, vocab):
   """batch -> (new params, metrics) of one train step, always from the same initial state, on one
   device (compiled once per batch shape)."""
-  mesh = step_lib.make_mesh(jax.devices()[:1])
-  model = step_lib.make_model(config, vocab.size)
+  mesh = make_mesh(jax.devices()[:1])
+  model = Transformer(run.model_config(config, vocab.size))
   schedule = schedules.make_schedule(config.train, config.model.d_model)
   tx = make_optimizer(config.train, schedule)
   state, _ = step_lib.create_state(model, tx, mesh, jax.random.key(0))

@@ -10,6 +10,7 @@ import pytest
 from data.batching import ORDER, BatchIterator
 from run import checkpoint as ckpt
 from run import metrics as metrics_io
+from run.mesh import make_mesh
 from train.train import train_and_evaluate
 from test_train import smoke_config
 
@@ -96,7 +97,7 @@ def test_a_data_position_from_the_device_dependent_order_is_refused():
 def test_a_readable_checkpoint_that_does_not_fit_is_never_moved(tmp_path):
   from train import step as step_lib
   import optax
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   params = {"dense": {"kernel": np.ones((8, 8), np.float32), "bias": np.zeros((3,), np.float32)}}
   manager = ckpt.make_manager(tmp_path)
   for step in (2, 4):

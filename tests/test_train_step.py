@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from data.vocab import BOS, EOS
+from model import Transformer
+from run import model_config
+from run.mesh import make_mesh
 from train import loss as loss_lib
 from train import schedules
 from train import step as step_lib
@@ -51,8 +54,8 @@ def tiny_config(**train):
 
 def setup(config, devices=None, fsdp=False, accum=1, label_smoothing=0.1,
           loss_chunk_tokens=step_lib.DEFAULT_LOSS_CHUNK):
-  mesh = step_lib.make_mesh(devices)
-  model = step_lib.make_model(config, VOCAB)
+  mesh = make_mesh(devices)
+  model = Transformer(model_config(config, VOCAB))
   schedule = schedules.make_schedule(config.train, config.model.d_model)
   tx = make_optimizer(config.train, schedule)
   state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0), fsdp=fsdp)
@@ -227,7 +230,7 @@ def test_fsdp_spec_picks_largest_divisible_dim():
 
 
 def test_place_batch_names_a_missing_key():
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   batch = toy_batch()
   del batch["tgt_positions"]
   with pytest.raises(KeyError, match="tgt_positions"):

@@ -17,6 +17,7 @@ from model import Transformer, TransformerConfig
 from model.ops import ops_for
 from run import checkpoint as ckpt
 from run import config as config_io
+from run.mesh import make_mesh
 
 MODEL = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, max_len=64)
 
@@ -68,9 +69,9 @@ def test_one_device_equals_eight_devices(model_and_params, vocab, corpus):
   sources = [s for s, _ in corpus["dev"][:11]]
   kw = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=3 * 24 * 4, nbest=2)
   one = translate_lib.translate(model, params, vocab, sources,
-                                mesh=translate_lib.device_mesh(jax.local_devices()[:1]), **kw)
-  eight = translate_lib.translate(model, params, vocab, sources, mesh=translate_lib.device_mesh(), **kw)
-  assert translate_lib.device_mesh().devices.size == 8
+                                mesh=make_mesh(jax.local_devices()[:1]), **kw)
+  eight = translate_lib.translate(model, params, vocab, sources, mesh=make_mesh(jax.local_devices()), **kw)
+  assert make_mesh(jax.local_devices()).devices.size == 8
   for a, b in zip(one, eight):
     assert [h for h, _ in a] == [h for h, _ in b]
     # Per-device batches have other shapes, so matmuls round differently: scores agree to ~1e-5.
@@ -83,7 +84,7 @@ def test_decoding_weights_laid_out_once_search_as_laid_out_per_batch(model_and_p
   """translate() lays out the parameters' decoding weights once (decoding_weights_fn) and hands them to
   every batch's search: the same bits as a search that lays them out itself, on two devices."""
   model, params = model_and_params
-  mesh = translate_lib.device_mesh(jax.local_devices()[:2])
+  mesh = make_mesh(jax.local_devices()[:2])
   weights = translate_lib.decoding_weights_fn(model.cfg, mesh)(params)
   assert "output" in weights and ("panels" in weights) == (ops_for(model.cfg).layer_panels is not None)
   for leaf in jax.tree.leaves(weights):

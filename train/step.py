@@ -1,6 +1,7 @@
-"""The pure train and eval steps, the train state, and how both are laid out on a device mesh.
+"""The pure train and eval steps, the train state, and how both are laid out on a device mesh
+(run/mesh.py's).
 
-    mesh = make_mesh()                                      # 1-D mesh ('data',) over all devices
+    mesh = make_mesh()                                      # run/mesh.py: ('data',) over all devices
     state, shardings = create_state(model, tx, mesh, params_key, fsdp=False)
     step_fn = jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=0.1, accum_steps=1)
     state, metrics = step_fn(state, place_batch(batch, mesh), train_key)
@@ -23,7 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import BATCH_KEYS, OPTIONAL_BATCH_KEYS   # the data contract: one definition, in data/
-from model import Transformer, TransformerConfig
+from model import Transformer
 from model.ops import ops_for
 from train import loss as loss_lib
 
@@ -42,20 +43,9 @@ class TrainState:
   nonfinite_step: jax.Array
 
 
-def make_model(config, vocab_size: int) -> Transformer:
-  """config (a ConfigDict with a .model section) + vocabulary size -> the Transformer module."""
-  return Transformer(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
-
-
 # ----------------------------------------------------------------------------------------------------
-# Mesh and shardings.
+# Shardings on the mesh of run/mesh.py.
 # ----------------------------------------------------------------------------------------------------
-def make_mesh(devices=None) -> Mesh:
-  """A 1-D mesh with axis 'data' over `devices` (default: all). Axes are Auto (not Explicit)."""
-  devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.array(devices).reshape(-1), ("data",))
-
-
 def fsdp_spec(shape, num_shards: int) -> P:
   """Splits the largest dimension divisible by num_shards over 'data'; replicates if there is none."""
   if num_shards > 1:

@@ -10,7 +10,7 @@ import pathlib
 import experiments
 import run
 from data.vocab import VOCAB_FILE
-from model.config import TransformerConfig, num_params
+from model.config import num_params
 from run import metrics as metrics_io
 from train import sweep_directions
 
@@ -39,7 +39,7 @@ def trial_row(trial, trial_dir: pathlib.Path, status: dict, config_spec: str, sh
   if (trial_dir / VOCAB_FILE).exists():   # the trained vocabulary can be a little smaller
     vocab_size = run.load_vocab(trial_dir).size
   try:
-    params = num_params(TransformerConfig(vocab_size=vocab_size, **config.model.to_dict()))
+    params = num_params(run.model_config(config, vocab_size))
   except ValueError:   # an invalid model (the trial's log says why): no count
     params = None
   lines = metrics_io.read_metrics(trial_dir) if (trial_dir / metrics_io.METRICS).exists() else []

@@ -34,9 +34,11 @@ import tqdm
 from data import load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks, tokenized
 from decode.bleu import sacrebleu_score
 from decode.translate import translate
+from model import Transformer
 from run import checkpoint as ckpt
-from run import checkpoint_arg, get_vocab
+from run import checkpoint_arg, get_vocab, model_config
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run.mesh import make_mesh
 from run.user_errors import UserError
 from train import multihost, schedules
 from train.average import average_checkpoints
@@ -158,7 +160,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # Mesh: one 'data' axis over every device of every process; batches are padded with empty rows to a
   # multiple of devices * accumulation (which pairs form a batch does not depend on it).
   # ------------------------------------------------------------------------------------------------
-  mesh = step_lib.make_mesh()
+  mesh = make_mesh()
   num_devices = mesh.devices.size
   accum = int(tc.grad_accum_steps)
 
@@ -181,7 +183,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # ------------------------------------------------------------------------------------------------
   # Model and optimizer.
   # ------------------------------------------------------------------------------------------------
-  model = step_lib.make_model(config, vocab.size)
+  model = Transformer(model_config(config, vocab.size))
   schedule = schedules.make_schedule(tc, config.model.d_model)
   tx = make_optimizer(tc, schedule)
   abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
