@@ -59,7 +59,7 @@ def fitting(src_len, tgt_len, max_len: int | None, origin=None, what: str = "dat
   the others are counted and reported, the first few named by origin(i). No max_len: all of them."""
   if not max_len:
     return np.arange(len(src_len))
-  too_long = (src_len > max_len) | (tgt_len.astype(np.int64) + 1 > max_len)
+  too_long = (src_len > max_len) | (tgt_len >= max_len)          # [pairs] bool; the target + EOS
   count = int(too_long.sum())
   if count:
     origin = origin or (lambda i: f"pair {i}")
@@ -68,7 +68,7 @@ def fitting(src_len, tgt_len, max_len: int | None, origin=None, what: str = "dat
   if count == len(src_len):
     raise ValueError(f"{what}: every pair is longer than config.data.max_len={max_len} tokens; "
                      f"raise max_len")
-  return np.flatnonzero(~too_long).astype(_index_dtype(len(src_len)))
+  return _nonzero(~too_long)
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
@@ -104,34 +104,46 @@ def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int 
   return -(-pairs // row_multiple) * row_multiple
 
 
-def _cuts(src_len, tgt_len, budget: int, cap: int | None = None) -> np.ndarray:
-  """Greedy cut points [0, e1, e2, ..., n] of a sequence of pairs: each group takes pairs until the next
-  would bring its src_len or its tgt_len sum over budget, or until it has cap pairs (never empty).
+def _cuts(src_len, tgt_len, budget: int, cap: int | None = None, order=None) -> np.ndarray:
+  """Greedy cut points [0, e1, e2, ..., n] of the pairs `order` (default: all, in turn): each group takes
+  pairs until the next would bring its source tokens or its target tokens (target + EOS: tgt_len + 1)
+  over budget, or until it has cap pairs (never empty).
 
   The same groups as adding one pair at a time, found by searching cumulative sums a window at a time:
   one Python step per group, not per pair, and memory bounded by the window.
   """
-  n, cuts, pos = len(src_len), [0], 0
-  window = max(1 << 16, 4 * (cap or budget))   # longer than any group (tgt_len >= 1 per pair)
+  n = len(src_len) if order is None else len(order)
+  cuts, pos = [np.zeros(1, np.int64)], 0
+  window = max(1 << 16, 4 * (cap or budget))   # longer than any group (a target costs >= 1 token)
   while pos < n:
     end = min(n, pos + window)
+    pick = slice(pos, end) if order is None else order[pos:end]
     sums = []
-    for lengths in (src_len, tgt_len):
+    for lengths, extra in ((src_len, 0), (tgt_len, 1)):
       c = np.zeros(end - pos + 1, np.int64)                        # [window + 1] tokens before each pair
-      np.cumsum(lengths[pos:end], out=c[1:])
+      np.cumsum(lengths[pick], out=c[1:])
+      c[1:] += extra * np.arange(1, end - pos + 1)
       sums.append(np.searchsorted(c, c[:-1] + budget, "right") - 1)   # [window] where a group from i ends
     here = np.arange(end - pos)
     ends = np.minimum(*sums) if cap is None else np.minimum(np.minimum(*sums), here + cap)
     ends = np.maximum(ends, here + 1).tolist()
-    i, size = 0, end - pos
+    i, size, found = 0, end - pos, []
     while i < size:
       j = ends[i]
       if j >= size and end < n:   # this group may go on past the window: start the next window at it
         break
-      cuts.append(pos + j)
+      found.append(j)
       i = j
+    cuts.append(pos + np.asarray(found, np.int64))
     pos += i
-  return np.asarray(cuts, np.int64)
+  return np.concatenate(cuts).astype(_index_dtype(n + 1))
+
+
+def _nonzero(mask) -> np.ndarray:
+  """np.flatnonzero(mask) as int32 where that fits, a chunk at a time (never an int64 [pairs] array)."""
+  dtype, chunk = _index_dtype(len(mask)), 1 << 20
+  return np.concatenate([np.zeros(0, dtype)] + [np.flatnonzero(mask[i:i + chunk]).astype(dtype) + i
+                                                for i in range(0, len(mask), chunk)])
 
 
 class Plan:
@@ -166,11 +178,10 @@ def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan
   which = table[np.maximum(src_len, tgt_len + 1)]                  # [pairs] the smallest bucket that fits
   members, first, last, padded, start = [], [], [], [], 0
   for b, length in enumerate(lengths):
-    bucket = np.flatnonzero(which == b).astype(_index_dtype(len(src_len)))
+    bucket = _nonzero(which == b)
     if rng is not None:
       rng.shuffle(bucket)
-    cuts = _cuts(src_len[bucket], tgt_len[bucket] + 1, batch_tokens,
-                 bucket_rows(length, max_len, batch_tokens))
+    cuts = _cuts(src_len, tgt_len, batch_tokens, bucket_rows(length, max_len, batch_tokens), order=bucket)
     members.append(bucket)
     first.append(start + cuts[:-1])
     last.append(start + cuts[1:])
@@ -188,7 +199,7 @@ def plan_packed(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan:
   order = np.arange(len(src_len), dtype=_index_dtype(len(src_len)))
   if rng is not None:
     rng.shuffle(order)
-  row_bounds = _cuts(src_len[order], tgt_len[order] + 1, max_len)
+  row_bounds = _cuts(src_len, tgt_len, max_len, order=order)
   rows, per_batch = len(row_bounds) - 1, rows_for(max_len, batch_tokens, 1)
   first = np.arange(0, rows, per_batch)
   return Plan(order, first, np.minimum(first + per_batch, rows), np.full(len(first), max_len),

@@ -207,12 +207,14 @@ def test_a_resume_on_another_device_count_gets_the_same_batches(corpus, tmp_path
 def test_cuts_are_the_groups_of_adding_one_pair_at_a_time(cap):
   rng = np.random.default_rng(0)
   src = rng.integers(0, 20, 150_000).astype(np.uint16)   # longer than _cuts' window
-  tgt = rng.integers(1, 20, 150_000).astype(np.uint16)
+  tgt = rng.integers(0, 20, 150_000).astype(np.uint16)
   expected, used_src, used_tgt, size = [0], 0, 0, 0
   for i, (s, t) in enumerate(zip(src.tolist(), tgt.tolist())):
-    if size and (size == cap or used_src + s > 40 or used_tgt + t > 40):
+    if size and (size == cap or used_src + s > 40 or used_tgt + t + 1 > 40):   # target + EOS
       expected.append(i)
       used_src, used_tgt, size = 0, 0, 0
-    used_src, used_tgt, size = used_src + s, used_tgt + t, size + 1
+    used_src, used_tgt, size = used_src + s, used_tgt + t + 1, size + 1
   expected.append(len(src))
   np.testing.assert_array_equal(_cuts(src, tgt, 40, cap), expected)
+  order = rng.permutation(len(src))[:100_000]
+  np.testing.assert_array_equal(_cuts(src, tgt, 40, cap, order=order), _cuts(src[order], tgt[order], 40, cap))
