@@ -60,6 +60,15 @@ def gather_rows(tree, rows):
   return jax.tree_util.tree_map(lambda x: jnp.take(x, rows, axis=0), tree)
 
 
+def apply_repetition_penalty(logits, seq, length, penalty):
+  """Penalises, once each, the tokens among the first `length` of every row of seq [b, L] (logits [b, vocab]);
+  used by beam search and by decode/sampling.py."""
+  b, vocab = logits.shape
+  ids = jnp.where(jnp.arange(seq.shape[1]) < length, seq, vocab)   # [b, L]; vocab: out of range, dropped
+  seen = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids].set(True, mode="drop")
+  return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
 def top_extensions(alive_logp, logp, dead, n, chunk=CHUNK):
   """The n best extensions of every sentence: exactly jax.lax.top_k over the flattened [b, k * vocab]
   scores total = where(dead, NEG_INF, alive_logp[:, :, None] + logp), ties to the lower flat index.
@@ -161,7 +170,6 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
     i = s["step"]
     logits, cache = tokens_to_logits(s["last"], s["cache"])
     if repetition_penalty != 1.0:
-      from decode.sampling import apply_repetition_penalty   # sampling imports this module
       logits = apply_repetition_penalty(logits.astype(jnp.float32), s["alive_seq"].reshape(b * k, steps),
                                         i, repetition_penalty)
     vocab = logits.shape[-1]

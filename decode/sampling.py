@@ -28,15 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.beam_search import FREE, NO_EOS, ONLY_EOS, static_len
-
-
-def apply_repetition_penalty(logits, seq, length, penalty):
-  """Penalises, once each, the tokens among the first `length` of every row of seq [b, L]."""
-  b, vocab = logits.shape
-  ids = jnp.where(jnp.arange(seq.shape[1]) < length, seq, vocab)   # [b, L]; vocab: out of range, dropped
-  seen = jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids].set(True, mode="drop")
-  return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
+from decode.beam_search import FREE, NO_EOS, ONLY_EOS, apply_repetition_penalty, static_len
 
 
 def first_argmax(x):
