@@ -67,7 +67,7 @@ def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None,
 
 def attention_weights(q, k, mask, bias=None):
   """The softmax weights float32 [b, h, q_len, kv_len] that dot_product_attention applies (for
-  pictures: decode/attention.py captures them with `sow`)."""
+  pictures: decode/attention_maps.py captures them with `sow`)."""
   groups = q.shape[2] // k.shape[2]
   k = jnp.repeat(k, groups, axis=2) if groups > 1 else k
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32) * q.shape[-1] ** -0.5,
@@ -134,7 +134,7 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
-    if self.is_mutable_collection("intermediates"):   # decode/attention.py asks; training never does
+    if self.is_mutable_collection("intermediates"):   # decode/attention_maps.py asks; training never does
       self.sow("intermediates", "attention_weights", attention_weights(q, k, mask, bias))
     return dot_product_attention(q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general,
                                  dropout=dropout, bias=bias)
