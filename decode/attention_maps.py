@@ -1,7 +1,7 @@
 """Pictures of what the attention learned: one PNG per layer for encoder self-attention, decoder
 self-attention and encoder-decoder (cross) attention, heads side by side, pieces on the axes.
 
-    python -m decode.attention --workdir RUN --input "a sentence" [--output DIR] [--checkpoint STEP]
+    python -m decode.attention_maps --workdir RUN --input "a sentence" [--output DIR] [--checkpoint STEP]
 
 The sentence is translated with beam search first; the maps are then those of the teacher-forced pass
 over (source, BOS + translation). The weights are captured with Flax's `sow` into the 'intermediates'
@@ -83,7 +83,7 @@ def write_maps(model, params, vocab, sentence, out_dir, *, source_eos=False, bea
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m decode.attention", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m decode.attention_maps", description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True, help="a run directory written by python -m train")
   parser.add_argument("--input", required=True, help="the source sentence")
   parser.add_argument("--output", default=None, help="directory for the PNGs (default WORKDIR/attention)")

@@ -119,7 +119,7 @@ def test_repetition_penalty_in_beam_search_makes_a_beam_of_one_the_penalised_gre
 
 
 def test_attention_maps_are_captured_only_when_asked_and_are_distributions(tmp_path):
-  from decode.attention import attention_maps, plot
+  from decode.attention_maps import attention_maps, plot
   cfg = TransformerConfig(vocab_size=20, d_model=8, d_ff=16, num_heads=2, num_encoder_layers=2,
                           num_decoder_layers=1, num_kv_heads=1, positions="alibi", kernels="reference")
   model = Transformer(cfg)
