@@ -16,7 +16,8 @@ Every step turns the raw logits into a token in this order:
   3. temperature (0 takes the argmax, which no later filter changes);
   4. top-k: only the k largest logits survive;
   5. top-p (nucleus): only the smallest set of most probable tokens whose mass reaches top_p survives;
-  6. `jax.random.categorical`, with the step folded into rng.
+  6. `jax.random.categorical`, with the step folded into rng: one key for the batch, or a key per row
+     (keys [b]), so that a row's samples depend on its own key alone and not on the batch it is in.
 
 Returns sequences int32 [b, L] (generated tokens, bos excluded, eos included, 0 after it; every row ends in
 eos) and scores float32 [b]: the sum of the chosen tokens' log-probabilities under the model's own
@@ -77,6 +78,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
   decode.beam_search.select_extensions (model/ops.py's beam_extensions, a C++ kernel on the CPU); given,
   greedy decoding without a repetition penalty takes each step's token and its log-probability from it,
   one hypothesis per row, instead of from the XLA ops below (the same token: the first maximum).
+  rng: a key (jax.random.key) for the batch, or keys [b], one per row.
   """
   b = int(batch_size)
   steps = static_len(max_len, max_steps, who="sample")
@@ -87,6 +89,8 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
                      f"(got {temperature}, {top_k}, {top_p}, {repetition_penalty})")
   if temperature > 0 and rng is None:
     raise ValueError("sample: temperature > 0 needs an rng; use greedy() or temperature=0 for argmax")
+  if rng is not None and jnp.shape(rng) not in ((), (b,)):
+    raise ValueError(f"sample: rng must be one key or {b} keys, one per row (got shape {jnp.shape(rng)})")
   limits = jnp.clip(jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,)), 1, steps)
 
   state = dict(
@@ -120,7 +124,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
       token = first_argmax(logits)
     else:
       logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
-      token = jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
+      token = draw(rng, i, logits)
     token_logp = jnp.take_along_axis(logp, token[:, None].astype(jnp.int32), axis=-1)[:, 0]
     return advance(s, cache, token, token_logp)
 
@@ -132,6 +136,12 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     return dict(step=i + 1, cache=cache, last=jnp.where(done, eos_id, token),
                 seq=s["seq"].at[:, i].set(token),
                 score=s["score"] + jnp.where(s["done"], 0.0, token_logp), done=done)
+
+  def draw(rng, i, logits):
+    """Tokens int32 [b] from logits [b, vocab], with the step i folded into the batch's or each row's key."""
+    if jnp.ndim(rng) == 0:
+      return jax.random.categorical(jax.random.fold_in(rng, i), logits, axis=-1)
+    return jax.vmap(lambda key, row: jax.random.categorical(jax.random.fold_in(key, i), row))(rng, logits)
 
   out = jax.lax.while_loop(cond, body, state)
   return out["seq"], out["score"]
