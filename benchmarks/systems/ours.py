@@ -32,7 +32,7 @@ import numpy as np
 from benchmarks import files, worker
 from decode import translate
 from experiments.default import get_config
-from kernels import cpu_attention
+from kernels import cpu_decoding
 from model import Transformer, TransformerConfig
 from train import optimizer, schedules
 from train import step as step_lib
@@ -104,8 +104,8 @@ def search(spec: dict, cfg: TransformerConfig, params, beam_size: int):
 def setup(spec: dict):
   tasks, info = {}, {"devices": len(jax.devices()), "code": str(pathlib.Path(__file__).resolve().parents[2]),
                      "xla_flags": os.environ.get("XLA_FLAGS", "")}
-  if cpu_attention.available():   # its vector width: 32 floats a panel with AVX-512, 16 with AVX2
-    info["panel_width"] = cpu_attention.panel_width()
+  if cpu_decoding.available():   # its vector width: 32 floats a panel with AVX-512, 16 with AVX2
+    info["panel_width"] = cpu_decoding.panel_width()
   if "peak" in spec["tasks"]:
     tasks["peak"], info["peak"] = peak(spec["peak_dtype"])
   wanted = [t for t in spec["tasks"] if t != "peak"]
@@ -120,9 +120,5 @@ def setup(spec: dict):
   return tasks, info
 
 
-def main() -> None:
-  worker.serve(setup)
-
-
 if __name__ == "__main__":
-  main()
+  worker.serve(setup)

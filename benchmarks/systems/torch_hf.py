@@ -97,9 +97,5 @@ def setup(spec: dict):
   return tasks, info
 
 
-def main() -> None:
-  worker.serve(setup)
-
-
 if __name__ == "__main__":
-  main()
+  worker.serve(setup)
