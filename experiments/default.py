@@ -108,3 +108,15 @@ def get_config(arg=None):
   elif arg not in (None, ""):
     raise ValueError(f"experiments/default.py: unknown arg {arg!r}; use '' or 'smoke'")
   return config
+
+
+def search_space(trial):
+  """`python -m train.search --config experiments/default.py --workdir runs/search --trials 24`: the
+  training keys this file tunes by hand, each named by its config key (train/search_trial.py)."""
+  return {
+      "train.learning_rate": trial.suggest_float("train.learning_rate", 5e-4, 8e-3, log=True),
+      "train.warmup_steps": trial.suggest_int("train.warmup_steps", 50, 400, step=50),
+      "train.label_smoothing": trial.suggest_float("train.label_smoothing", 0.0, 0.2),
+      "model.dropout_rate": trial.suggest_float("model.dropout_rate", 0.0, 0.3),
+      "data.vocab_size": trial.suggest_categorical("data.vocab_size", [2000, 4000, 8000]),
+  }
