@@ -81,3 +81,17 @@ def get_config(arg=None):
     config.train.update(num_steps=4, warmup_steps=2, log_every=1, eval_every=1, checkpoint_every_steps=1,
                         keep_checkpoints=2, average_last=2, dev_sentences=64, test_sentences=64)
   return config
+
+
+def search_space(trial):
+  """`python -m train.search --config experiments/small_corpus.py --workdir runs/search --trials 24
+  --config.data.train_path=... (dev_path, test_path)`: the keys tuned by hand above, each named by its
+  config key (train/search_trial.py); steps and model size stay, so every trial costs the same."""
+  return {
+      "train.learning_rate": trial.suggest_float("train.learning_rate", 2e-3, 2e-2, log=True),
+      "train.warmup_steps": trial.suggest_int("train.warmup_steps", 100, 400, step=50),
+      "train.label_smoothing": trial.suggest_float("train.label_smoothing", 0.0, 0.2),
+      "model.dropout_rate": trial.suggest_float("model.dropout_rate", 0.0, 0.2),
+      "model.pre_norm": trial.suggest_categorical("model.pre_norm", [True, False]),
+      "data.vocab_size": trial.suggest_categorical("data.vocab_size", [0, 8000, 16000]),   # 0: by corpus size
+  }
