@@ -1,19 +1,31 @@
-"""How fast the input pipeline is, stage by stage, next to how fast the model consumes tokens.
+"""How fast the input pipeline is, and how its memory and start-up grow with the corpus.
 
     python -m benchmarks.input_pipeline [--config experiments/default.py[:arg]] [--batches 500]
                                         [--config.data.KEY=VALUE ...]
+    python -m benchmarks.input_pipeline --pairs 200000,2000000,8000000 [--dir DIR] [--steps 20]
 
-Stages, timed on this machine for the config's data section: read the training split (text), train the
-shared vocabulary, tokenize, plan an epoch of batches, and assemble --batches batches (bucketed and packed).
-Prints a table (seconds and target tokens/s per stage) and writes benchmarks/results/input_pipeline.json.
-The batch stage must stay far above the train step's tokens/s (benchmarks/throughput.py), so that the
-input never limits training.
+Without --pairs: each stage, timed in this process for the config's data section: the vocabulary (a
+bounded sample of the training split), tokenizing the split into its on-disk cache (data/cache.py),
+planning an epoch from the cache's length arrays, and assembling --batches batches (bucketed and
+packed). Writes benchmarks/results/input_pipeline.json.
+
+With --pairs: for each size, a TSV of that many pairs (the embedded corpus's training pairs, repeated
+to size) and `python -m train` of the smoke model on it for --steps steps, run twice in processes of
+their own: cold (no cache: the vocabulary and the tokenized corpus are made) and warm (a new run
+directory, the cache present). Prints the seconds from the process's start to its first step, its peak
+resident memory, and the source + target tokens per second one process assembles from the warm cache,
+for one process of one and for each of two (every process assembles only its rows). Writes
+benchmarks/results/input_pipeline_scale.json and prints the markdown table docs/data.md shows.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -21,6 +33,8 @@ import experiments
 from benchmarks import harness
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
+SCALE_OUT = OUT.with_name("input_pipeline_scale.json")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _time(fn):
@@ -29,55 +43,194 @@ def _time(fn):
   return out, time.perf_counter() - start
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", default="experiments/default.py")
-  parser.add_argument("--batches", type=int, default=500, help="batches assembled per mode")
-  parser.add_argument("--out", default=str(OUT))
-  args, overrides = parser.parse_known_args(argv)
+def _assembly_rate(iterator, batches: int) -> tuple[float, float]:
+  """(source + target, target) tokens per second that `iterator` assembles (its own rows only)."""
+  next(iterator)   # the epoch's plan
+  src = tgt = 0
+  start = time.perf_counter()
+  for _ in range(batches):
+    batch = next(iterator)
+    src += int((batch["src_segments"] > 0).sum())
+    tgt += int((batch["tgt_segments"] > 0).sum())
+  seconds = time.perf_counter() - start
+  return (src + tgt) / seconds, tgt / seconds
+
+
+def stages(args, overrides) -> None:
   config = experiments.load_experiment(args.config)
   experiments.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
-  from data import load_pairs
+  from data import make_train_iterator, tokenized
   from run import get_vocab
-  from data.batching import BatchIterator, tokenize
 
-  dc = config.data
-  rows = []
-  pairs, seconds = _time(lambda: load_pairs(dc, "train"))
-  rows.append(("read train split", seconds, len(pairs), None))
-  with tempfile.TemporaryDirectory() as workdir:
-    vocab, seconds = _time(lambda: get_vocab(dc, workdir))
-  rows.append((f"train vocabulary ({vocab.size} pieces)", seconds, len(pairs), None))
-  (src_ids, tgt_ids, _), seconds = _time(lambda: tokenize(vocab, pairs, max_len=int(dc.max_len)))
-  target_tokens = sum(len(t) + 1 for t in tgt_ids)
-  rows.append(("tokenize", seconds, len(pairs), target_tokens / seconds))
-  for pack in (False, True):
-    iterator = BatchIterator(src_ids, tgt_ids, max_len=int(dc.max_len), batch_tokens=int(dc.batch_tokens),
-                             row_multiple=1, seed=0, pack=pack)
-    _, seconds = _time(iterator.epoch_batches)
-    rows.append((f"plan an epoch ({'packed' if pack else 'bucketed'})", seconds, len(src_ids), None))
-    tokens = 0
-
-    def run():
-      nonlocal tokens
-      for _ in range(args.batches):
-        batch = next(iterator)
-        tokens += int((batch["tgt_segments"] > 0).sum())
-    _, seconds = _time(run)
-    rows.append((f"assemble {args.batches} batches ({'packed' if pack else 'bucketed'})", seconds,
-                 args.batches, tokens / seconds))
-
+  dc, rows = config.data, []
+  with tempfile.TemporaryDirectory() as scratch:
+    dc.cache_dir = str(pathlib.Path(scratch) / "cache")   # cold: nothing cached
+    vocab, seconds = _time(lambda: get_vocab(dc, scratch))
+    rows.append((f"train vocabulary ({vocab.size} pieces, bounded sample)", seconds, None, None))
+    pairs, seconds = _time(lambda: tokenized(dc, vocab, "train"))
+    rows.append(("tokenize into the cache", seconds, len(pairs), float(pairs.tgt.offsets[-1]) / seconds))
+    del pairs
+    for pack in (False, True):
+      dc.pack = pack
+      mode = "packed" if pack else "bucketed"
+      iterator, seconds = _time(lambda: make_train_iterator(dc, vocab, seed=0, row_multiple=1))
+      batches, plan = _time(iterator.epoch_batches)
+      rows.append((f"open the cache, plan an epoch ({mode})", seconds + plan, batches, None))
+      _, rate = _assembly_rate(iterator, args.batches)
+      rows.append((f"assemble {args.batches} batches ({mode})", args.batches / rate if rate else 0.0,
+                   args.batches, rate))
   print(f"input pipeline: {args.config}, source={dc.source}, batch_tokens={dc.batch_tokens}, "
         f"max_len={dc.max_len}")
-  print(f"{'stage':<40} {'seconds':>9} {'items':>9} {'target tok/s':>14}")
+  print(f"{'stage':<48} {'seconds':>9} {'items':>9} {'target tok/s':>14}")
   for name, seconds, items, rate in rows:
-    print(f"{name:<40} {seconds:9.2f} {items:9d} {'' if rate is None else f'{rate:14,.0f}':>14}")
-  out = pathlib.Path(args.out)
+    print(f"{name:<48} {seconds:9.2f} {'' if items is None else f'{items:9d}':>9} "
+          f"{'' if rate is None else f'{rate:14,.0f}':>14}")
+  _write(args.out, {"config": args.config, "overrides": overrides, "stages": [
+      dict(stage=n, seconds=s, items=i or 0, target_tokens_per_s=r) for n, s, i, r in rows]})
+
+
+def _write(path, result: dict) -> None:
+  out = pathlib.Path(path)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"date": harness.now(), "machine": harness.machine(), "config": args.config,
-                            "overrides": overrides, "stages": [
-      dict(stage=n, seconds=s, items=i, target_tokens_per_s=r) for n, s, i, r in rows]}, indent=2) + "\n")
+  out.write_text(json.dumps({"date": harness.now(), "machine": harness.machine(), **result}, indent=2) + "\n")
   print(f"wrote {out}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# --pairs: memory and start-up of `python -m train` as the corpus grows.
+# ---------------------------------------------------------------------------------------------------
+
+def write_corpus(folder: pathlib.Path, pairs: int, base: dict) -> None:
+  """folder/train.tsv: `pairs` lines cycling through base['train']; dev.tsv, test.tsv: base's."""
+  folder.mkdir(parents=True, exist_ok=True)
+  lines = [f"{s}\t{t}\n" for s, t in base["train"]]
+  with open(folder / "train.tsv", "w") as f:
+    for start in range(0, pairs, len(lines)):
+      f.writelines(lines[:min(len(lines), pairs - start)])
+  for split in ("dev", "test"):
+    (folder / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in base[split]))
+
+
+def train_command(corpus: pathlib.Path, workdir: pathlib.Path, steps: int) -> list[str]:
+  """`python -m train` of the smoke model with the default experiment's data settings on corpus."""
+  data = dict(source="files", train_path=corpus / "train.tsv", dev_path=corpus / "dev.tsv",
+              test_path=corpus / "test.tsv", vocab_size=8000, vocab_sample_sentences=50_000,
+              batch_tokens=2048, max_len=64)
+  train = dict(num_steps=steps, log_every=1, eval_every=0, bleu_every=0, test_bleu=False,
+               checkpoint_every_steps=0, checkpoint_every_minutes=0, tensorboard=False, progress=False)
+  return ([sys.executable, "-m", "train", "--config", "experiments/default.py:smoke", "--workdir", str(workdir)]
+          + [f"--config.data.{k}={v}" for k, v in data.items()]
+          + [f"--config.train.{k}={v}" for k, v in train.items()])
+
+
+def timed_run(command, workdir: pathlib.Path, cache: pathlib.Path, log: pathlib.Path) -> dict:
+  """Runs command; returns the seconds from its start to its first step (metrics.jsonl's step 1) and to
+  its end, and its peak resident memory in MiB (the kernel's count for the process, from wait4)."""
+  env = dict(os.environ, AIAYN_DATA_CACHE=str(cache))
+  metrics, first = workdir / "metrics.jsonl", None
+  start = time.monotonic()
+  with open(log, "w") as out:
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    while True:
+      pid, status, usage = os.wait4(process.pid, os.WNOHANG)   # reaped here, for its rusage
+      if pid:
+        break
+      if first is None and metrics.exists() and '"step": 1,' in metrics.read_text():
+        first = time.monotonic() - start
+      time.sleep(0.05)
+  process.returncode = os.waitstatus_to_exitcode(status)
+  if process.returncode:
+    raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}); see {log}")
+  if first is None:
+    raise RuntimeError(f"no first step in {metrics}; see {log}")
+  return {"first_step_s": first, "total_s": time.monotonic() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def assembly(corpus: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, batches: int) -> dict:
+  """Source + target tokens/s one process assembles from the warm cache: alone, and as each of two
+  processes (its own rows only), for the run's packed 2,048-token batches and the paper's bucketed
+  25,000-token ones."""
+  os.environ["AIAYN_DATA_CACHE"] = str(cache)
+  config = experiments.load_experiment("experiments/default.py:smoke")
+  experiments.apply_overrides(config, [a.removeprefix("--config.") for a in train_command(corpus, workdir, 1)
+                                       if a.startswith("--config.data.")])
+  from data import make_train_iterator
+  from run import get_vocab
+  vocab, out = get_vocab(config.data, workdir), {}
+  for name, pack, batch_tokens in (("packed_2048", True, 2048), ("bucketed_25000", False, 25_000)):
+    config.data.update(pack=pack, batch_tokens=batch_tokens)
+    for count in (1, 2):
+      rates = [_assembly_rate(make_train_iterator(config.data, vocab, seed=0, row_multiple=8,
+                                                  process_index=p, process_count=count), batches)[0]
+               for p in range(count)]
+      out[f"{name}_{count}p"] = min(rates)   # the slower process of the two
+  return out
+
+
+def scale(args) -> None:
+  from data import synthetic
+  sizes = [int(n) for n in args.pairs.split(",")]
+  root = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="aiayn_input_scale_"))
+  base = synthetic.generate(0, {"train": min(200_000, max(sizes))})
+  results = []
+  for pairs in sizes:
+    folder = root / str(pairs)
+    shutil.rmtree(folder, ignore_errors=True)
+    corpus, cache = folder / "corpus", folder / "cache"
+    _, seconds = _time(lambda: write_corpus(corpus, pairs, base))
+    row = {"pairs": pairs, "corpus_mib": (corpus / "train.tsv").stat().st_size / 2 ** 20,
+           "write_corpus_s": seconds}
+    for run in ("cold", "warm"):   # cold: no cache (vocabulary and tokens made); warm: a new run directory
+      workdir = folder / f"run_{run}"
+      row[run] = timed_run(train_command(corpus, workdir, args.steps), workdir, cache, folder / f"{run}.log")
+      print(f"{pairs:,} pairs, {run}: {row[run]}", flush=True)
+    row["cache_mib"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2 ** 20
+    row["assembly"] = assembly(corpus, folder / "run_warm", cache, args.batches)
+    print(f"{pairs:,} pairs, assembly (src+tgt tokens/s per process): {row['assembly']}", flush=True)
+    results.append(row)
+    if not args.keep:
+      shutil.rmtree(folder, ignore_errors=True)
+  table = markdown(results, args.steps)
+  print(table)
+  _write(args.out if args.out != str(OUT) else SCALE_OUT,
+         {"command": "python -m benchmarks.input_pipeline " + " ".join(sys.argv[1:]), "steps": args.steps,
+          "sizes": results, "table": table})
+
+
+def markdown(results, steps: int) -> str:
+  """The table docs/data.md shows."""
+  mib = lambda x: f"{x:,.0f}"
+  rate = lambda x: f"{x / 1e6:.1f}M"
+  head = ("| pairs | TSV MiB | cache MiB | cold start s | warm start s | peak RSS cold MiB | peak RSS warm MiB "
+          "| packed 2,048: 1 process | 2 processes, each | bucketed 25,000: 1 process | 2 processes, each |")
+  lines = [head, "|" + "---|" * 11]
+  for r in results:
+    a = r["assembly"]
+    lines.append(f"| {r['pairs']:,} | {mib(r['corpus_mib'])} | {mib(r['cache_mib'])} "
+                 f"| {r['cold']['first_step_s']:.1f} | {r['warm']['first_step_s']:.1f} "
+                 f"| {mib(r['cold']['peak_rss_mib'])} | {mib(r['warm']['peak_rss_mib'])} "
+                 f"| {rate(a['packed_2048_1p'])} | {rate(a['packed_2048_2p'])} "
+                 f"| {rate(a['bucketed_25000_1p'])} | {rate(a['bucketed_25000_2p'])} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline",
+                                   description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="experiments/default.py")
+  parser.add_argument("--batches", type=int, default=500, help="batches assembled per mode")
+  parser.add_argument("--pairs", default="", help="comma-separated corpus sizes: the memory and start-up "
+                      "of `python -m train` at each (e.g. 200000,2000000,8000000)")
+  parser.add_argument("--steps", type=int, default=20, help="--pairs: training steps per run")
+  parser.add_argument("--dir", default="", help="--pairs: where corpora, caches and runs go (default: a "
+                      "new temporary folder)")
+  parser.add_argument("--keep", action="store_true", help="--pairs: keep each size's files")
+  parser.add_argument("--out", default=str(OUT))
+  args, overrides = parser.parse_known_args(argv)
+  if args.pairs:
+    scale(args)
+  else:
+    stages(args, overrides)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from data.sources import report_skipped
-from data.tokens import TokenPairs, join, ranges, within
+from data.tokens import TokenPairs, ranges
 from data.vocab import BOS, EOS
 
 # Names how BatchIterator forms batches (saved with its position; see BatchIterator.set_state).
@@ -220,21 +220,24 @@ def assemble(sequences, length: int, members, row_bounds, rows: int, first_row: 
   first_of_row = np.repeat(row_bounds[:-1] - row_bounds[0], per_row)   # [k] its row's first pair
   segment = np.arange(len(mine)) - first_of_row + 1                # [k] numbered from 1 in each row
   batch = _empty(rows, length, length)
+  flat = {key: batch[key].reshape(-1) for key in BATCH_KEYS}      # [rows * length] views
   for side, ids, size in (("src", src, src_len), ("tgt", tgt, tgt_len + 1)):
     before = np.cumsum(size) - size
-    offset = before - before[first_of_row]                         # [k] where each pair starts in its row
-    where = ranges(row * length + offset, size)                    # flat slots of every pair's tokens
-    flat = lambda key: batch[key].reshape(-1)                      # [rows * length] views
+    start = row * length + before - before[first_of_row]           # [k] each pair's first slot
+    where = ranges(start, size)                                    # flat slots of every pair's tokens
     if side == "src":
-      flat("src")[where] = ids
+      flat["src"][where] = ids
     else:   # tgt_in = BOS + target, tgt_out = target + EOS, per pair
-      flat("tgt_in")[where] = join([BOS, (ids, tgt_len)])[0]
-      flat("tgt_out")[where] = join([(ids, tgt_len), EOS])[0]
+      tokens = ranges(start, tgt_len)                              # the target's slots in tgt_out
+      flat["tgt_out"][tokens] = ids
+      flat["tgt_out"][start + tgt_len] = EOS
+      flat["tgt_in"][tokens + 1] = ids
+      flat["tgt_in"][start] = BOS
       if weights is not None:
         batch["tgt_weights"] = np.zeros((rows, length), np.int32)
-        flat("tgt_weights")[where] = weights
-    flat(f"{side}_segments")[where] = np.repeat(segment, size)
-    flat(f"{side}_positions")[where] = within(size)
+        batch["tgt_weights"].reshape(-1)[where] = weights
+    flat[f"{side}_segments"][where] = np.repeat(segment, size)
+    flat[f"{side}_positions"][where] = where - np.repeat(start, size)
   return batch
 
 

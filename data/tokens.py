@@ -21,12 +21,6 @@ def ranges(starts, lengths):
   return np.repeat(np.asarray(starts, np.int64) - firsts, lengths) + np.arange(total, dtype=np.int64)
 
 
-def within(lengths):
-  """0 .. len_0-1, 0 .. len_1-1, ...: each item's position in its piece (flat int64)."""
-  lengths = np.asarray(lengths, np.int64)
-  return ranges(np.zeros(len(lengths), np.int64), lengths)
-
-
 def join(pieces):
   """Per item, the concatenation of `pieces`: each (ids end to end, lengths [k]) or one constant id.
   Returns (ids end to end int32, lengths [k] int64)."""
