@@ -21,6 +21,7 @@ from model.attention import causal_mask, segment_mask
 from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
 from model.heads import ClassificationHead, MaskedLMHead
+from model import stack
 from model.layers import DecoderLayer, EncoderLayer, layer_norm
 from model.ops import ops_for
 from model.positions import RelativeBias, alibi_bias
@@ -68,7 +69,7 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.embed = _embedder(cfg, self.shared_embedding)
-    self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)
     self.position_bias = PositionBias(cfg, bidirectional=True)
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
@@ -78,8 +79,7 @@ class Encoder(nn.Module):
     x = self.embed(src, src_positions, deterministic)
     mask = segment_mask(src_segments, src_segments)            # [b, 1, src_len, src_len]
     bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
-    for layer in self.layers:
-      x = layer(x, mask, deterministic, src_positions, bias)
+    x = stack.apply(self.layers, x, mask, deterministic, src_positions, bias)
     return self.final_norm(x) if self.cfg.pre_norm else x
 
 
@@ -90,7 +90,7 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.embed = _embedder(cfg, self.shared_embedding)
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.layers = stack.make(cfg, DecoderLayer, cfg.num_decoder_layers, deterministic_argnum=5)
     self.position_bias = PositionBias(cfg, bidirectional=False)
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
@@ -105,8 +105,7 @@ class Decoder(nn.Module):
     self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
     cross_mask = None if enc_out is None else segment_mask(tgt_segments, src_segments)  # [b,1,tgt,src]
     bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
-    for layer in self.layers:
-      x = layer(x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
+    x = stack.apply(self.layers, x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)
 
   def prefill(self, prompt, cache):
@@ -267,6 +266,7 @@ class Transformer(nn.Module):
     """What every decoding step reads that depends on the parameters alone: the pre-softmax weights
     ('output') and, on the C++ path, the decoder's kernels laid out as panels ('panels',
     model/dense.py). decode/translate.py computes them once per set of parameters, not once per batch."""
+    stack.check_unrolled(self.cfg, "decoding_weights")
     ops = ops_for(self.cfg)
     weights = {"output": ops.decoding_weights(self.output_table())}
     if ops.layer_panels is not None:
@@ -277,6 +277,7 @@ class Transformer(nn.Module):
     """What every decoding step reads and nothing changes, computed once per batch: `weights` (from
     `decoding_weights`; None: computed here) and per decoder layer the cross-attention keys and values
     of enc_out [b, src_len, d_model] ('cross', laid out as the decoding cache reads them)."""
+    stack.check_unrolled(self.cfg, "prepare_decoding")
     memory = dict(self.decoding_weights() if weights is None else weights)
     if self.cfg.arch != "decoder_only":   # else nothing to cross-attend to; enc_out may be None
       cache = ops_for(self.cfg).cache(False)   # the keys' and values' layout: the same for every cache kind
@@ -314,6 +315,7 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
   if cfg.arch == "encoder_only":
     raise ValueError("arch='encoder_only' has no decoder to decode with")
+  stack.check_unrolled(cfg, "init_cache")
   cache = ops_for(cfg).cache(beam_slots).init(batch_size, max_len)
   if cfg.arch == "decoder_only":
     cache["offset"] = jnp.zeros((batch_size,), jnp.int32)   # left padding of the prompt (prefill)
