@@ -29,7 +29,7 @@ from decode import beam_search as beam_lib
 from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
-from model.ops import ops_for
+from model.ops import decoding_for
 from run.mesh import make_mesh
 
 
@@ -65,14 +65,14 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   With a mesh, the sentences of a batch are split over its 'data' axis and every device searches its own
   share (parameters replicated): data parallelism, with no communication until the results are gathered.
   Sentences do not interact in a search, so beam search and greedy give the same translations on any
-  number of devices (scores agree up to float rounding). Sampling draws each device's share from the key
-  folded with the device index, so samples depend on the number of devices.
+  number of devices (scores agree up to float rounding). Sampling draws every row from its own key (rng:
+  keys [n], or one key with the row's index folded in), so samples do not depend on the number of devices.
   """
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
   # How beam search picks a step's candidates, and greedy its token: the C++ kernel on the CPU path (None
   # elsewhere: XLA ops).
-  fast = ops_for(cfg).beam_extensions
+  fast = beam_lib.on_cpu(decoding_for(cfg).beam_extensions)
 
   def encoded(params, src, weights):
     """The encoder-decoder's callback and cache: the encoder runs once per batch."""
@@ -91,8 +91,6 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   def search(params, src, limits, rng, weights=None):
     """src: sources int32 [n, len], or with a decoder-only model their prompts (translation_prompts);
     weights: decoding_weights_fn(cfg, mesh)(params), or None to compute them in every call."""
-    if sharded and sampling:
-      rng = jax.random.fold_in(rng, jax.lax.axis_index("data"))
     if cfg.arch == "decoder_only":   # a cached prefill of BOS source SEP, then the same search
       tokens_to_logits, cache = prompt_lib.prefilled(model, params, src, steps, weights)
       bos, reorder = 0, None
@@ -108,12 +106,20 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
         min_len=min_len, reorder=reorder, extensions=fast)
 
+  def row_keys(rng, n):   # [n]: as given, or one key with each row's index folded in
+    return rng if rng.ndim else jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(n))
+
   if not sharded:
-    return jax.jit(search)
+    return jax.jit(lambda params, src, limits, rng, weights=None:
+                   search(params, src, limits, row_keys(rng, src.shape[0]), weights))
   rows = P("data")
-  split = jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, P(), P()), out_specs=rows,
+  split = jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, rows, P()), out_specs=rows,
                         check_vma=False)
-  return jax.jit(lambda params, src, limits, rng, weights=None: split(params, src, limits, rng, weights))
+  return jax.jit(lambda params, src, limits, rng, weights=None:
+                 split(params, src, limits, row_keys(rng, src.shape[0]), weights))
+
+
+_sentence_keys = jax.jit(jax.vmap(jax.random.fold_in, (None, 0)))   # (key, int32 [rows]) -> keys [rows]
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,8 +142,9 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
-  repetition_penalty) to draw one translation per sentence instead (seeded by `seed`; temperature 0 is
-  greedy); beam_size then only sizes the batches and nbest must be 1.
+  repetition_penalty) to draw one translation per sentence instead (temperature 0 is greedy); beam_size
+  then only sizes the batches and nbest must be 1. Sentence i is drawn with `seed` and i folded into one
+  key: the same samples on any number of devices, in any batch.
   max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
@@ -208,9 +215,10 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
       if prompts:
         src = prompt_lib.translation_prompts(src)
-      rng, batch_rng = jax.random.split(rng)
-      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits), batch_rng,
-                                           weights))
+      index = np.arange(len(sentences), len(sentences) + rows)   # filler rows: keys no sentence uses
+      index[:len(chunk)] = chunk
+      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits),
+                                           _sentence_keys(rng, jnp.asarray(index, jnp.int32)), weights))
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
       bar.update(len(chunk))

@@ -14,7 +14,7 @@ from decode.__main__ import main as decode_main
 from decode.beam_search import length_penalty
 from experiments import default
 from model import Transformer, TransformerConfig
-from model.ops import ops_for
+from model.ops import decoding_for
 from run import checkpoint as ckpt
 from run import config as config_io
 from run.mesh import make_mesh
@@ -78,6 +78,20 @@ def test_one_device_equals_eight_devices(model_and_params, vocab, corpus):
     np.testing.assert_allclose([s for _, s in a], [s for _, s in b], rtol=1e-4, atol=1e-4)
 
 
+def test_sampling_draws_the_same_samples_on_any_number_of_devices(model_and_params, vocab, corpus):
+  """Every sentence is sampled from the seed with its index folded in: the same samples on 1 device in
+  small batches as on 8 devices in one; another seed draws others."""
+  model, params = model_and_params
+  sources = [s for s, _ in corpus["dev"][:11]]
+  kw = dict(beam_size=1, max_extra_len=6, sampling={"temperature": 2.0}, seed=3)
+  one = translate_lib.translate(model, params, vocab, sources, mesh=make_mesh(jax.local_devices()[:1]),
+                                batch_tokens=24 * 4, **kw)
+  eight = translate_lib.translate(model, params, vocab, sources, mesh=make_mesh(jax.local_devices()), **kw)
+  assert one == eight
+  other = translate_lib.translate(model, params, vocab, sources, **dict(kw, seed=4))
+  assert other != one
+
+
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_decoding_weights_laid_out_once_search_as_laid_out_per_batch(model_and_params, vocab, corpus,
                                                                      beam_size):
@@ -86,7 +100,7 @@ def test_decoding_weights_laid_out_once_search_as_laid_out_per_batch(model_and_p
   model, params = model_and_params
   mesh = make_mesh(jax.local_devices()[:2])
   weights = translate_lib.decoding_weights_fn(model.cfg, mesh)(params)
-  assert "output" in weights and ("panels" in weights) == (ops_for(model.cfg).layer_panels is not None)
+  assert "output" in weights and ("panels" in weights) == (decoding_for(model.cfg).layer_panels is not None)
   for leaf in jax.tree.leaves(weights):
     assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 2
   ids = [vocab.encode(s) for s, _ in corpus["test"][:4]]
