@@ -3,6 +3,7 @@
     python -m benchmarks.input_pipeline [--config experiments/default.py[:arg]] [--batches 500]
                                         [--config.data.KEY=VALUE ...]
     python -m benchmarks.input_pipeline --pairs 200000,2000000,8000000 [--dir DIR] [--steps 20]
+    python -m benchmarks.input_pipeline --formats [--batches 200]
 
 Without --pairs: each stage, timed in this process for the config's data section: the vocabulary (a
 bounded sample of the training split), tokenizing the split into its on-disk cache (data/cache.py),
@@ -16,6 +17,9 @@ directory, the cache present). Prints the seconds from the process's start to it
 resident memory, and the source + target tokens per second one process assembles from the warm cache,
 for one process of one and for each of two (every process assembles only its rows). Writes
 benchmarks/results/input_pipeline_scale.json and prints the markdown table docs/data.md shows.
+
+With --formats: how fast the pairs of a batch are read from ArrayRecord (a record per pair, by index, as
+Grain's and TFDS's data sources read) and from the cache's flat arrays, side by side.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 import experiments
 from benchmarks import harness
@@ -43,8 +49,9 @@ def _time(fn):
   return out, time.perf_counter() - start
 
 
-def _assembly_rate(iterator, batches: int) -> tuple[float, float]:
-  """(source + target, target) tokens per second that `iterator` assembles (its own rows only)."""
+def _assembly_rate(iterator, batches: int) -> tuple[float, float, float]:
+  """(source + target, target) tokens per second that `iterator` assembles (its own rows only), and the
+  seconds `batches` batches took."""
   next(iterator)   # the epoch's plan
   src = tgt = 0
   start = time.perf_counter()
@@ -53,7 +60,7 @@ def _assembly_rate(iterator, batches: int) -> tuple[float, float]:
     src += int((batch["src_segments"] > 0).sum())
     tgt += int((batch["tgt_segments"] > 0).sum())
   seconds = time.perf_counter() - start
-  return (src + tgt) / seconds, tgt / seconds
+  return (src + tgt) / seconds, tgt / seconds, seconds
 
 
 def stages(args, overrides) -> None:
@@ -64,7 +71,7 @@ def stages(args, overrides) -> None:
 
   dc, rows = config.data, []
   with tempfile.TemporaryDirectory() as scratch:
-    dc.cache_dir = str(pathlib.Path(scratch) / "cache")   # cold: nothing cached
+    os.environ["AIAYN_DATA_CACHE"] = str(pathlib.Path(scratch) / "cache")   # cold: nothing cached
     vocab, seconds = _time(lambda: get_vocab(dc, scratch))
     rows.append((f"train vocabulary ({vocab.size} pieces, bounded sample)", seconds, None, None))
     pairs, seconds = _time(lambda: tokenized(dc, vocab, "train"))
@@ -76,9 +83,8 @@ def stages(args, overrides) -> None:
       iterator, seconds = _time(lambda: make_train_iterator(dc, vocab, seed=0, row_multiple=1))
       batches, plan = _time(iterator.epoch_batches)
       rows.append((f"open the cache, plan an epoch ({mode})", seconds + plan, batches, None))
-      _, rate = _assembly_rate(iterator, args.batches)
-      rows.append((f"assemble {args.batches} batches ({mode})", args.batches / rate if rate else 0.0,
-                   args.batches, rate))
+      _, rate, seconds = _assembly_rate(iterator, args.batches)
+      rows.append((f"assemble {args.batches} batches ({mode})", seconds, args.batches, rate))
   print(f"input pipeline: {args.config}, source={dc.source}, batch_tokens={dc.batch_tokens}, "
         f"max_len={dc.max_len}")
   print(f"{'stage':<48} {'seconds':>9} {'items':>9} {'target tok/s':>14}")
@@ -214,6 +220,32 @@ def markdown(results, steps: int) -> str:
   return "\n".join(lines)
 
 
+def formats(args) -> None:
+  """Reading the pairs of a batch: ArrayRecord, one record per pair read by index (as Grain's and TFDS's
+  data sources read), against data/tokens.py's flat arrays (the cache's layout), side by side."""
+  from array_record.python import array_record_module
+  from array_record.python.array_record_data_source import ArrayRecordDataSource
+  from data.tokens import TokenPairs
+  rng, n = np.random.default_rng(0), 200_000
+  src = [rng.integers(4, 8000, rng.integers(5, 40)).astype(np.uint16) for _ in range(n)]
+  tgt = [rng.integers(4, 8000, rng.integers(5, 40)).astype(np.uint16) for _ in range(n)]
+  with tempfile.TemporaryDirectory() as scratch:
+    path = str(pathlib.Path(scratch) / "pairs.array_record")
+    writer = array_record_module.ArrayRecordWriter(path, "group_size:1")   # random access: 1 per chunk
+    for s, t in zip(src, tgt):
+      writer.write(np.concatenate([[len(s)], s, t]).astype(np.uint16).tobytes())
+    writer.close()
+    source, pairs = ArrayRecordDataSource([path]), TokenPairs.from_ids(src, tgt)
+    readers = {"array_record": lambda i: [np.frombuffer(r, np.uint16) for r in source.__getitems__(i.tolist())],
+               "flat arrays": lambda i: (pairs.src.gather(i), pairs.tgt.gather(i))}
+    for per_batch in (80, 1000):   # about 2,048 and 25,000 tokens a side (22.5 tokens a sentence)
+      batches = [rng.integers(0, n, per_batch) for _ in range(args.batches)]
+      tokens = sum(int(pairs.src.lengths[i].sum()) + int(pairs.tgt.lengths[i].sum()) for i in batches)
+      for name, read in readers.items():
+        _, seconds = _time(lambda: [read(i) for i in batches])
+        print(f"{per_batch} pairs a batch, {name}: {tokens / seconds / 1e6:.1f}M source + target tokens/s read")
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline",
                                    description=__doc__.split("\n")[0])
@@ -225,9 +257,13 @@ def main(argv=None) -> None:
   parser.add_argument("--dir", default="", help="--pairs: where corpora, caches and runs go (default: a "
                       "new temporary folder)")
   parser.add_argument("--keep", action="store_true", help="--pairs: keep each size's files")
+  parser.add_argument("--formats", action="store_true", help="reading a batch's pairs from ArrayRecord "
+                      "against the cache's flat arrays")
   parser.add_argument("--out", default=str(OUT))
   args, overrides = parser.parse_known_args(argv)
-  if args.pairs:
+  if args.formats:
+    formats(args)
+  elif args.pairs:
     scale(args)
   else:
     stages(args, overrides)
