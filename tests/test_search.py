@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import optuna
@@ -68,10 +69,11 @@ EXPERIMENT = textwrap.dedent("""
 
 @pytest.fixture
 def fake(tmp_path):
-  (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
-  (tmp_path / "exp.py").write_text(EXPERIMENT)
-  return dict(config_spec=str(tmp_path / "exp.py"), trainer=(sys.executable, str(tmp_path / "fake_train.py")),
-              poll_seconds=0.05)
+  """run_search's arguments for the fake trainer and the experiment above, written to tmp_path."""
+  for name, text in {"fake_train.py": FAKE_TRAINER, "exp.py": EXPERIMENT}.items():
+    (tmp_path / name).write_text(text)
+  trainer = (sys.executable, str(tmp_path / "fake_train.py"))
+  return {"config_spec": str(tmp_path / "exp.py"), "trainer": trainer, "poll_seconds": 0.05}
 
 
 def _csv(workdir):
@@ -142,6 +144,23 @@ def test_bad_input_is_one_line(tmp_path, fake):
     search.main(["--config", fake["config_spec"], "--workdir", str(tmp_path), "--trials", "0"])
 
 
+def test_interrupted_study_requeues_its_trial_and_the_rerun_resumes_it(tmp_path, fake):
+  out = tmp_path / "stopped"
+  def interrupt():
+    while not list(out.glob("trial_0000/checkpoints")) and not (out / "trial_0000" / "metrics.jsonl").exists():
+      time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C: run_search's flag, not a KeyboardInterrupt
+  threading.Thread(target=interrupt, daemon=True).start()
+  counts = search.run_search(workdir=out, trials=2, **fake)
+  assert counts == {"requeued": 1, "queued": 1}, counts
+  assert sweep.read_status(out / "trial_0000")["status"] == "interrupted"
+  assert list((out / "trial_0000" / "checkpoints").glob("*"))
+  counts = search.run_search(workdir=out, trials=2, **fake)
+  assert counts.get("requeued") == 1 and sum(counts.values()) == 3 and "queued" not in counts, counts
+  assert "resumed from step" in (out / "trial_0000" / sweep.LOG).read_text()
+  assert sorted(r["run_dir"] for r in _csv(out)) == ["trial_0000", "trial_0000", "trial_0002"]
+
+
 def _worker(fake, out, trials, stale_after=60.0):
   code = textwrap.dedent(f"""
       import sys; sys.path.insert(0, {str(ROOT)!r})
@@ -150,12 +169,12 @@ def _worker(fake, out, trials, stale_after=60.0):
                         poll_seconds=0.05, stale_after={stale_after})
   """)
   return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "FAKE_STEP_SECONDS": "0.3"})
+                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "FAKE_STEP_SECONDS": "0.2"})
 
 
 def test_two_workers_share_a_study_and_a_killed_worker_trial_is_resumed(tmp_path, fake):
   out = tmp_path / "shared"
-  a, b = _worker(fake, out, 4), _worker(fake, out, 4)
+  a, b = _worker(fake, out, 3), _worker(fake, out, 3)
   # Kill worker a outright in the middle of its first trial: the trainer gets SIGTERM (it dies with
   # its parent) and saves; the trial is found stale and queued again, and the retry resumes its run.
   deadline = time.time() + 90
@@ -179,7 +198,7 @@ def test_two_workers_share_a_study_and_a_killed_worker_trial_is_resumed(tmp_path
   assert retry.params == requeued[0].params
   # Every other trial ran once, in its own directory: two workers never ran the same trial.
   dirs = [t.user_attrs["run_dir"] for t in study.trials if not t.user_attrs.get("requeued")]
-  assert len(dirs) == len(set(dirs)) == 4
+  assert len(dirs) == len(set(dirs)) == 3
   for d in dirs:
     assert (out / d / sweep.LOG).read_text().count("$ ") == (2 if d == retry.user_attrs["run_dir"] else 1)
 

@@ -314,13 +314,8 @@ def main(argv=None) -> int:
                            f"(default {STALE_AFTER:.0f})")
   parser.add_argument("--processes", type=int, default=1, help="local: processes per trial (train.launch)")
   parser.add_argument("--devices_per_process", type=int, default=None, help="local: CPU devices each")
-  parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                      help="local subprocesses (default) or one SLURM job per trial")
-  slurm.add_flags(parser)
-  args, rest = parser.parse_known_args(argv)
-  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; fixed keys look like --config.train.num_steps=1000")
+  sweep.add_launcher_flags(parser)
+  args, rest = sweep.parse_with_overrides(parser, argv, "fixed keys")
   for name in ("trials", "parallel", "processes"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")

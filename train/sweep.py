@@ -278,6 +278,22 @@ def _jsonable(overrides: dict) -> dict:
 # ------------------------------------------------------------------------------------------------------
 # Command line.
 # ------------------------------------------------------------------------------------------------------
+def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
+  """--launcher local|slurm and the SLURM flags (train/slurm.py), as train.sweep and train.search take them."""
+  parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                      help="local subprocesses (default) or one SLURM job per trial")
+  slurm.add_flags(parser)
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv, what: str):
+  """(args, ['--config.KEY=VALUE', ...]): anything else the parser does not know is a usage error."""
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; {what} look like --config.train.num_steps=1000")
+  return args, rest
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m train.sweep", description=__doc__.split("\n\n")[0],
@@ -286,13 +302,8 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True, help="sweep directory; trial NAME runs in DIR/NAME")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
   parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
-  parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                      help="local subprocesses (default) or one SLURM job per trial")
-  slurm.add_flags(parser)
-  args, rest = parser.parse_known_args(argv)
-  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; shared overrides look like --config.train.num_steps=1000")
+  add_launcher_flags(parser)
+  args, rest = parse_with_overrides(parser, argv, "shared overrides")
   if args.parallel < 1:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")
   only = [name for name in args.only.split(",") if name]
