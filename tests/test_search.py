@@ -87,8 +87,9 @@ def _study(workdir):
 
 def test_study_prunes_reports_and_resumes(tmp_path, fake, capsys):
   out = tmp_path / "study"
-  counts = search.run_search(workdir=out, trials=4, seed=0, **fake)
+  counts = search.run_search(workdir=out, trials=4, seed=0, baseline_first=True, **fake)
   assert sum(counts.values()) == 4 and counts.get("complete", 0) >= 1, counts
+  assert _study(out).trials[0].params == {"train.learning_rate": 2e-3, "model.num_heads": 2}   # smoke's own
   # Rerunning with a larger total continues the same study: trials 0-3 are kept, 4-5 added.
   counts = search.run_search(workdir=out, trials=6, seed=0, **fake)
   assert sum(counts.values()) == 6 and counts.get("pruned", 0) >= 1, counts
@@ -112,6 +113,7 @@ def test_study_prunes_reports_and_resumes(tmp_path, fake, capsys):
   table = (out / "results.md").read_text()
   assert f"--config.train.learning_rate={best.params['train.learning_rate']}" in table
   assert "python -m train --config=" in table and "![history](history.png)" in table
+  assert "Trial 0 ran the experiment's own settings" in table
   for png in ("history.png", "params.png", "dev_by_step.png"):
     assert (out / png).stat().st_size > 5_000, png
 

@@ -221,19 +221,15 @@ class _Search:
       self.progress = line
 
 
-def _lookup(config, dotted: str):
-  for name in dotted.split("."):
-    config = config[name]
-  return config
-
-
 def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, shared=(), metric="dev_loss",
                sampler="tpe", pruner="hyperband", storage=None, seed=None, start=search_trial.start_local,
-               trainer=sweep.TRAINER, poll_seconds=0.5, stale_after=STALE_AFTER, out=None) -> dict:
+               trainer=sweep.TRAINER, poll_seconds=0.5, stale_after=STALE_AFTER, baseline_first=False,
+               out=None) -> dict:
   """Runs (or continues) the study of workdir until it has `trials` trials; returns {state: count}.
 
   shared: 'config.KEY=VALUE' strings fixed for the whole study; trainer, start: as in train.sweep.run_sweep
-  (tests substitute a fast fake trainer; train.slurm.trial_starter runs trials as SLURM jobs).
+  (tests substitute a fast fake trainer; train.slurm.trial_starter runs trials as SLURM jobs);
+  baseline_first: a new study's first trial runs the experiment's own settings, for comparison.
   """
   workdir = pathlib.Path(workdir).absolute()
   out = out or sys.stdout
@@ -246,7 +242,7 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
     experiments.apply_overrides(config, fixed_list)
   except (KeyError, TypeError, ValueError) as error:
     raise UserError(str(error).strip("'\"")) from error
-  fixed = {key: _lookup(config, key) for key in (s.split("=", 1)[0] for s in fixed_list)}
+  fixed = {key: search_trial.config_value(config, key) for key in (s.split("=", 1)[0] for s in fixed_list)}
   if metric == "dev_bleu" and not int(config.train.bleu_every):
     raise UserError("--metric dev_bleu needs periodic dev BLEU: fix --config.train.bleu_every=N (a "
                     "multiple of eval_every), or use --metric dev_loss")
@@ -259,6 +255,9 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
   study.pruner = make_pruner(pruner, eval_every, int(config.train.num_steps))
   search = _Search(study, config_spec, workdir, fixed, shared, trials, start, trainer,
                    search_trial.METRICS[metric][0], poll_seconds, stale_after, out)
+  if baseline_first and not study.trials:
+    params = {k: v for k, v in search_trial.experiment_params(search.space, config).items() if k not in fixed}
+    study.enqueue_trial(params, user_attrs={"baseline": True})
   search.say(f"study {study.study_name} in {workdir}: {trials} trials, {parallel} at a time, {metric} "
              f"({study.direction.name.lower()}), {sampler} sampler, {pruner} pruner; logs in "
              f"{workdir}/trial_NNNN/{sweep.LOG}")
@@ -309,6 +308,8 @@ def main(argv=None) -> int:
   parser.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")
   parser.add_argument("--storage", default=None,
                       help=f"an Optuna RDB URL (default: the journal file DIR/{JOURNAL})")
+  parser.add_argument("--baseline_first", action="store_true",
+                      help="a new study's first trial runs the experiment's own settings (the hand-tuned ones)")
   parser.add_argument("--stale_after", type=float, default=STALE_AFTER,
                       help=f"seconds without a heartbeat before another worker's trial is queued again "
                            f"(default {STALE_AFTER:.0f})")
@@ -332,7 +333,7 @@ def main(argv=None) -> int:
     counts = run_search(args.config, args.workdir, trials=args.trials, parallel=args.parallel, shared=rest,
                         metric=args.metric, sampler=args.sampler, pruner=args.pruner, storage=args.storage,
                         seed=args.seed, start=start, trainer=trainer, poll_seconds=poll,
-                        stale_after=args.stale_after)
+                        stale_after=args.stale_after, baseline_first=args.baseline_first)
   return 0 if counts.get("complete") else 1
 
 

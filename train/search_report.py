@@ -130,7 +130,9 @@ def write_report(study, workdir: pathlib.Path, config_spec: str, shared, metric:
   header = [f"# Search: {config_spec}", "",
             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; study `{study.study_name}`, {metric} "
             f"({study.direction.name.lower()}); " + ", ".join(f"{v} {k}" for k, v in n.items()) + ".",
-            f"Fixed for every trial: {' '.join(shared) or '(nothing)'}.", "",
+            f"Fixed for every trial: {' '.join(shared) or '(nothing)'}." + "".join(
+                f" Trial {t.number} ran the experiment's own settings." for t in study.trials
+                if t.user_attrs.get("baseline")), "",
             f"Best configuration, trained in full:\n\n```bash\n{command}\n```" if command else
             "No trial has completed yet.", ""]
   columns = list(table[0])

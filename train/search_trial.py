@@ -53,6 +53,36 @@ class FixedKeys:
     return suggest
 
 
+class _ExperimentValues:
+  """Answers every suggest_* with the experiment's own value of the key the parameter names."""
+
+  def __init__(self, config):
+    self.config, self.params = config, {}
+
+  def __getattr__(self, name):
+    if name not in _SUGGEST:
+      raise AttributeError(f"search_space() asked the trial for {name!r}; only suggest_* can be answered")
+
+    def suggest(param, *args, **kwargs):
+      self.params[param] = config_value(self.config, param)
+      return self.params[param]
+    return suggest
+
+
+def config_value(config, dotted: str):
+  """config['train']['learning_rate'] for 'train.learning_rate'."""
+  for name in dotted.split("."):
+    config = config[name]
+  return config
+
+
+def experiment_params(space, config) -> dict:
+  """The parameters of `space` at the experiment's own settings (config): the hand-tuned trial."""
+  recorder = _ExperimentValues(config)
+  space(recorder)
+  return recorder.params
+
+
 def search_space_of(path: str):
   """The experiment file's search_space function; a UserError that says what to add if it has none."""
   module = experiments.load_module(path)
