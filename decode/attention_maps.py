@@ -90,10 +90,9 @@ def main(argv=None) -> None:
   parser.add_argument("--checkpoint", default=None, help="a step, or 'averaged' (default: the newest)")
   args = parser.parse_args(argv)
   import run
-  checkpoint = args.checkpoint
-  if checkpoint is not None and checkpoint != "averaged":
-    checkpoint = int(checkpoint)
-  opened = run.load_run(args.workdir, checkpoint)
+  from run.user_errors import reported
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    opened = run.load_run(args.workdir, run.checkpoint_arg(args.checkpoint))
   out = args.output or pathlib.Path(args.workdir) / "attention"
   paths = write_maps(opened.model, opened.params, opened.vocab, args.input, out,
                      source_eos=bool(opened.config.data.get("source_eos", False)))

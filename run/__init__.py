@@ -25,10 +25,11 @@ import ml_collections
 
 from data import cache as data_cache
 from data.vocab import VOCAB_FILE, VOCAB_INFO, Vocab, check_vocab
-from model import Transformer, TransformerConfig
+from model import Transformer, TransformerConfig, stack
 from run import checkpoint as ckpt
-from run.config import load_run_config
-from run.workdir import write_atomically
+from run.config import CONFIG_FILE, load_run_config
+from run.user_errors import UserError
+from run.workdir import DAMAGED, read_file, run_file, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +68,14 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
 
 
 def load_vocab(workdir) -> Vocab:
-  """workdir/vocab.model, with an error naming the directory if it is missing."""
-  path = pathlib.Path(workdir) / VOCAB_FILE
-  if not path.is_file():
-    raise FileNotFoundError(f"{path} not found: is {str(workdir)!r} a run directory written by "
-                            f"`python -m train`?")
-  return Vocab.load(path)
+  """workdir/vocab.model; missing or not a SentencePiece model of ours is a UserError naming it."""
+  path = run_file(workdir, VOCAB_FILE)
+  model = read_file(path, binary=True)
+  try:
+    return Vocab(model, path)
+  except Exception as error:  # noqa: BLE001 - sentencepiece's error for bytes that are not its model
+    raise UserError(f"{path} is not a SentencePiece vocabulary of this codebase "
+                    f"({' '.join(str(error).split())[:200]}): {DAMAGED}") from None
 
 
 def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run:
@@ -85,13 +88,21 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
   """
   config = load_run_config(workdir)
   vocab = load_vocab(workdir)
-  cfg = model_config(config, vocab.size)
+  try:
+    cfg = model_config(config, vocab.size)
+  except (TypeError, ValueError) as error:   # a key or value of the model section that no model has
+    raise UserError(f"{pathlib.Path(workdir) / CONFIG_FILE}: its model section does not describe a model "
+                    f"({' '.join(str(error).split())[:200]}): {DAMAGED}") from None
   if check is not None:
     check(cfg)
   params, step = ckpt.load_params(workdir, checkpoint)
-  check_vocab(vocab, ckpt.read_meta(workdir, step, checkpoint).get("vocab_fingerprint"),
-              f"checkpoint {step} of {workdir}")
-  return Run(config=config, model=Transformer(cfg), params=params, vocab=vocab, step=step)
+  try:
+    check_vocab(vocab, ckpt.read_meta(workdir, step, checkpoint).get("vocab_fingerprint"),
+                f"checkpoint {step} of {workdir}")
+  except ValueError as error:
+    raise UserError(str(error)) from None
+  model, params = stack.unrolled(Transformer(cfg), params)   # decoding and export read layer by layer
+  return Run(config=config, model=model, params=params, vocab=vocab, step=step)
 
 
 def get_vocab(data_config, workdir) -> Vocab:
@@ -100,7 +111,7 @@ def get_vocab(data_config, workdir) -> Vocab:
   atomically, with workdir/vocab.json recording the sample it was trained on."""
   path = pathlib.Path(workdir) / VOCAB_FILE
   if path.exists():
-    return Vocab.load(path)
+    return load_vocab(workdir)
   model, info = data_cache.train_vocab_cached(data_config)   # a bounded sample, never the whole corpus
   write_atomically(path.with_name(VOCAB_INFO), json.dumps(info, indent=1) + "\n")   # sample size etc.
   write_atomically(path, model)

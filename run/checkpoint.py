@@ -24,6 +24,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from run.user_errors import UserError
+from run.workdir import DAMAGED, WRITTEN_BY_TRAIN, read_file, run_file
+
 CHECKPOINTS = "checkpoints"
 AVERAGED = "averaged"
 UNREADABLE = "checkpoints_unreadable"
@@ -220,22 +223,27 @@ def load_params(workdir, checkpoint=None):
   average written by `python -m train.average`. Arrays land on the first local device.
   """
   directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
-  path = pathlib.Path(workdir).absolute() / directory
+  path = run_file(pathlib.Path(workdir).absolute(), directory)
+  hint = ("run `python -m train.average --workdir RUN --last K` first" if directory == AVERAGED
+          else WRITTEN_BY_TRAIN + ", and let it save a checkpoint")
   if not path.is_dir():
-    hint = ("run `python -m train.average --workdir RUN --last K` first" if directory == AVERAGED
-            else "is it a run directory written by `python -m train`?")
-    raise FileNotFoundError(f"no checkpoints in {path}: {hint}")
-  manager = make_manager(workdir, directory=directory, read_only=True)
+    raise UserError(f"no checkpoints in {path}: {hint}")
+  if not (checkpoint in (None, "averaged") or type(checkpoint) is int):
+    raise ValueError(f"checkpoint={checkpoint!r}: use None (latest), a step number or 'averaged'")
   try:
+    manager = make_manager(workdir, directory=directory, read_only=True)
     steps = sorted(manager.all_steps(), reverse=True)
-    if isinstance(checkpoint, int) and not isinstance(checkpoint, bool):
+  except OSError as error:
+    raise UserError(f"cannot read the checkpoints in {path} ({error.strerror}): check its "
+                    f"permissions") from None
+  try:
+    if type(checkpoint) is int:
       if checkpoint not in steps:
-        raise FileNotFoundError(f"{path} has no checkpoint for step {checkpoint}; it has {sorted(steps)}")
+        raise UserError(f"{path} has no checkpoint for step {checkpoint}; it has {sorted(steps)}: pass one "
+                        f"of those to --checkpoint, or none for the newest")
       steps = [checkpoint]
-    elif checkpoint not in (None, "averaged"):
-      raise ValueError(f"checkpoint={checkpoint!r}: use None (latest), a step number or 'averaged'")
     if not steps:
-      raise FileNotFoundError(f"{path} holds no complete checkpoint")
+      raise UserError(f"{path} holds no complete checkpoint: {hint}")
     for i, step in enumerate(steps):
       try:
         metadata = manager.item_metadata(step)["params"]
@@ -244,9 +252,11 @@ def load_params(workdir, checkpoint=None):
         abstract = _host_abstract(metadata.tree if hasattr(metadata, "tree") else metadata)
         restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
         return restored["params"], step
-      except Exception as error:  # noqa: BLE001
+      except Exception as error:  # noqa: BLE001 - missing or damaged files, whatever the library raises
         if i == len(steps) - 1:
-          raise
+          raise UserError(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
+                          f"{' '.join(str(error).split())[:200]}): its files are missing or damaged; "
+                          f"restore them, or pass another step to --checkpoint") from None
         warnings.warn(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
                       f"{str(error)[:200]}); falling back to step {steps[i + 1]}", RuntimeWarning,
                       stacklevel=2)
@@ -255,11 +265,16 @@ def load_params(workdir, checkpoint=None):
 
 
 def read_meta(workdir, step: int, checkpoint=None) -> dict:
-  """The JSON meta saved with a checkpoint ({} if it has none); checkpoint='averaged' reads the average's."""
+  """The JSON meta saved with a checkpoint ({} if it has none); checkpoint='averaged' reads the average's.
+  A meta that is not a JSON object (edited or damaged) is a UserError naming it."""
   directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
   path = pathlib.Path(workdir) / directory / str(step) / "meta" / "metadata"
-  try:
-    meta = json.loads(path.read_text())
-  except (OSError, ValueError):
+  if not path.exists():
     return {}
-  return meta if isinstance(meta, dict) else {}
+  try:
+    meta = json.loads(read_file(path))
+  except json.JSONDecodeError:
+    meta = None
+  if not isinstance(meta, dict):
+    raise UserError(f"{path} is not the JSON object a checkpoint's meta holds: {DAMAGED}")
+  return meta

@@ -10,7 +10,8 @@ import pathlib
 import ml_collections
 
 from model import TransformerConfig
-from run.workdir import write_atomically
+from run.user_errors import UserError
+from run.workdir import DAMAGED, read_file, run_file, write_atomically
 
 CONFIG_FILE = "config.json"
 
@@ -21,12 +22,23 @@ def save_config(config: ml_collections.ConfigDict, workdir) -> pathlib.Path:
                           json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
+def read_config_json(path) -> dict:
+  """A run's config.json as a dict; not JSON, or not a config's sections, is a UserError naming it."""
+  try:
+    config = json.loads(read_file(path))
+  except json.JSONDecodeError as error:
+    raise UserError(f"{path} is not valid JSON ({error.msg}, line {error.lineno} column {error.colno}): "
+                    f"{DAMAGED}") from None
+  sections = ("model", "data", "train")
+  if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in sections):
+    raise UserError(f"{path} is not a run's config (a JSON object with the sections {', '.join(sections)}): "
+                    f"{DAMAGED}")
+  return config
+
+
 def load_run_config(workdir) -> ml_collections.ConfigDict:
   """workdir/config.json -> the locked ConfigDict the run was trained with."""
-  path = pathlib.Path(workdir) / CONFIG_FILE
-  if not path.is_file():
-    raise FileNotFoundError(f"{path} not found: is {workdir!r} a run directory written by `python -m train`?")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = ml_collections.ConfigDict(read_config_json(run_file(workdir, CONFIG_FILE)))
   config.lock()
   return config
 

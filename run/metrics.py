@@ -11,7 +11,8 @@ import json
 import math
 import pathlib
 
-from run.workdir import write_atomically
+from run.user_errors import UserError
+from run.workdir import DAMAGED, read_file, run_file, write_atomically
 
 METRICS = "metrics.jsonl"
 TB = "tb"
@@ -79,6 +80,22 @@ def truncate_after(path, step: int, drop_reports_at_step: bool = False) -> None:
 
 
 def read_metrics(workdir) -> list[dict]:
-  """All lines of workdir/metrics.jsonl as dicts."""
-  path = pathlib.Path(workdir) / METRICS
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  """All lines of workdir/metrics.jsonl as dicts. A last line cut short by a kill is left out (the trainer
+  drops it on resume); any other line that is not a JSON object with a "step" is a UserError naming it."""
+  path = run_file(workdir, METRICS)
+  lines = read_file(path).splitlines()
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as error:
+      if number == len(lines):
+        break
+      raise UserError(f"{path} line {number} is not JSON ({error.msg}): {DAMAGED}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+      raise UserError(f"{path} line {number} is not a metrics record (a JSON object with an integer "
+                      f"\"step\"): {DAMAGED}")
+    records.append(record)
+  return records

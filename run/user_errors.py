@@ -14,7 +14,6 @@ import contextlib
 import sys
 
 from data.sources import DataError
-from run.workdir import RunDirLocked
 
 EXIT_STATUS = 2
 
@@ -23,7 +22,7 @@ class UserError(ValueError):
   """A setting, path or run directory the user gave cannot work; the message says which and what to do."""
 
 
-USER_ERRORS = (DataError, UserError, RunDirLocked, FileNotFoundError)
+USER_ERRORS = (DataError, UserError, FileNotFoundError)   # run.workdir.RunDirLocked is a UserError
 
 
 def fail(message: str) -> None:

@@ -10,6 +10,7 @@ from train import average
 from run import checkpoint as ckpt
 from run import workdir as run_dir
 from run.mesh import make_mesh
+from run.user_errors import UserError
 from train import step as step_lib
 
 
@@ -85,11 +86,11 @@ def test_load_params(tmp_path):
   np.testing.assert_array_equal(params["dense"]["bias"], np.full(3, 3.0, np.float32))
   assert len(params["dense"]["kernel"].sharding.device_set) == 1
   assert ckpt.load_params(tmp_path, 2)[1] == 2
-  with pytest.raises(FileNotFoundError, match="no checkpoint for step 1"):   # only 2 kept
+  with pytest.raises(UserError, match="no checkpoint for step 1"):   # only 2 kept
     ckpt.load_params(tmp_path, 1)
-  with pytest.raises(FileNotFoundError, match="train.average"):
+  with pytest.raises(UserError, match="train.average"):
     ckpt.load_params(tmp_path, "averaged")
-  with pytest.raises(FileNotFoundError, match="run directory"):
+  with pytest.raises(UserError, match="run directory"):
     ckpt.load_params(tmp_path / "nowhere")
 
 

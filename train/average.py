@@ -16,6 +16,8 @@ import jax
 import numpy as np
 
 from run import checkpoint as ckpt
+from run.user_errors import UserError, reported
+from run.workdir import WRITTEN_BY_TRAIN, run_file
 
 
 def average_params(param_trees):
@@ -37,11 +39,13 @@ def average_checkpoints(workdir, last: int) -> tuple[pathlib.Path, list[int]]:
   if last < 1:
     raise ValueError(f"--last must be >= 1, got {last}")
   workdir = pathlib.Path(workdir).absolute()
+  if not run_file(workdir, ckpt.CHECKPOINTS).is_dir():
+    raise UserError(f"no checkpoints in {workdir / ckpt.CHECKPOINTS}: {WRITTEN_BY_TRAIN}")
   manager = ckpt.make_manager(workdir, read_only=True)
   steps = sorted(manager.all_steps())
   manager.close()
   if not steps:
-    raise FileNotFoundError(f"no checkpoints in {workdir / ckpt.CHECKPOINTS}")
+    raise UserError(f"no checkpoints in {workdir / ckpt.CHECKPOINTS}: {WRITTEN_BY_TRAIN}")
   chosen = steps[-last:]
   if len(chosen) < last:
     print(f"[average] only {len(chosen)} checkpoints in {workdir / ckpt.CHECKPOINTS}; averaging {chosen}")
@@ -71,7 +75,10 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True, help="run directory")
   parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
   args = parser.parse_args(argv)
-  path, steps = average_checkpoints(args.workdir, args.last)
+  if args.last < 1:
+    parser.error(f"--last must be >= 1, got {args.last}")
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    path, steps = average_checkpoints(args.workdir, args.last)
   print(f"averaged steps {steps} -> {path}")
   print(f"decode with: python -m decode --workdir {args.workdir} --checkpoint averaged --input FILE")
 

@@ -91,7 +91,7 @@ def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
   if not path.exists():
     return
   new = config.to_dict()
-  old = config_io.with_model_defaults(json.loads(path.read_text()), new)
+  old = config_io.with_model_defaults(config_io.read_config_json(path), new)
   changes = config_io.diff_configs(old, new)
   fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))   # same parameters whichever
            and not c.startswith(("model.kernels:", "model.remat:"))]        # kernels or remat compute them
@@ -133,8 +133,7 @@ def train_and_evaluate(config, workdir) -> Outcome:
   readable checkpoint does not fit the configured model or optimizer (nothing in workdir is changed).
   """
   tasks.check_task(config.data, config.model.get("arch", "encoder_decoder"))
-  workdir = pathlib.Path(workdir).absolute()
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir = run_dir.make_run_dir(pathlib.Path(workdir).absolute())
   if not multihost.is_primary():
     return _train(config, workdir)
   with run_dir.RunLock(workdir):
