@@ -5,7 +5,7 @@
 - `paper_bleu(hyps, refs)`: the paper's tokenized BLEU with compounds split at hyphens, as tensor2tensor's
   get_ende_bleu.sh computed it (Moses tokenizer, `a-b` -> `a ##AT##-##AT## b`, multi-bleu.perl). We tokenize
   with sacreBLEU's 13a tokenizer, which follows the Moses/mteval rules closely; the result reads about
-  0.7-1.5 points above sacreBLEU on WMT14 EN-DE (../shared/PAPER.md). Compare it with the paper, report
+  0.7-1.5 points above sacreBLEU on WMT14 EN-DE (REPRODUCING.md). Compare it with the paper, report
   sacreBLEU.
 """
 from __future__ import annotations

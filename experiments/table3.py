@@ -37,7 +37,7 @@ Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL o
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's
   per word-piece of its own 37k BPE, so absolute PPL can differ by a few percent; the differences
   between rows are what the sweep reproduces. Our BLEU is sacreBLEU (13a, detokenized), ~0.7-1.5 below
-  the paper's tokenized BLEU (PAPER.md). The train loop measures dev BLEU every bleu_every steps but not
+  the paper's tokenized BLEU (decode/bleu.py). The train loop measures dev BLEU every bleu_every steps but not
   at the last step (the end of a run scores the test set), so results.md gives the last dev BLEU and
   its step.
 Cost: 19 base-sized trials of 100K steps (~9.5e17 model FLOPs each; the C rows range from 0.4x to 2.6x

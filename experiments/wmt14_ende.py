@@ -15,7 +15,7 @@ checkpoints kept) but swaps in default.py's smoke model, corpus and step counts.
 Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.6; the averaged line):
   base: paper 27.3 BLEU (tokenized, compounds split) ~ 26-26.5 sacreBLEU; dev (newstest2013) PPL 4.92.
   big:  paper 28.4 BLEU ~ 27-27.5 sacreBLEU; dev PPL 4.33.
-  (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output: see PAPER.md.)
+  (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output: decode/bleu.py.)
 Cost (paper: 8 P100s; base 100K steps in 12 h, big 300K steps in 3.5 days). Model FLOPs, 6 * params *
   tokens with ~25k source + 25k target tokens per step: base ~9.5e12 / step, ~9.5e17 in all; big ~3.2e13 /
   step, ~9.6e18 in all. At 30% of bf16 peak (the paper's own runs reached ~29% (base) and ~42% (big) of

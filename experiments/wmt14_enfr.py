@@ -10,7 +10,7 @@ Smoke (seconds, offline; the embedded corpus is English->German-like, which is a
   python -m train --config experiments/wmt14_enfr.py:smoke --workdir /tmp/enfr_smoke
 Args: ARGS below, as in wmt14_ende.py ('smoke' is 'base_smoke').
 
-Differences from EN-DE (PAPER.md): 32,000 shared word-pieces instead of 37,000, and the big model keeps
+Differences from EN-DE (the paper, Section 5.1): 32,000 shared word-pieces instead of 37,000, and the big model keeps
 dropout 0.1. The paper's step counts are the same (base 100K, big 300K); with 36M pairs that is under
 2 epochs for base, so expect dev loss to still fall at the end.
 Expected (newstest2014, averaged checkpoints, beam 4, alpha 0.6): base 38.1, big 41.8 BLEU as the paper
