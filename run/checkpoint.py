@@ -52,7 +52,7 @@ def save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dic
   """Starts saving one checkpoint (asynchronous; call manager.wait_until_finished() to block)."""
   if jax.process_count() == 1:
     # One host: copy to numpy first. For replicated arrays Orbax would otherwise cut every array into
-    # per-replica slices (about 4x slower with 8 devices); restoring puts them back in any sharding.
+    # per-replica slices, slower the more devices there are; restoring puts them back in any sharding.
     params, opt_state = jax.device_get((params, opt_state))
   items = dict(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta))
   if opt_state is not None:
