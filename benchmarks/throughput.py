@@ -162,7 +162,7 @@ BEST_OF = {"ct2_best": ("ct2", "ct2_avx2")}
 # xla_env); the libraries each read their own variable.
 ISA_ENV = {
     "native": {},
-    "avx2": {"AIAYN_CPU_MARCH": "x86-64-v3",       # our C++ kernels (kernels/cpu_attention.py)
+    "avx2": {"AIAYN_CPU_MARCH": "x86-64-v3",       # our C++ kernels (kernels/cpu_decoding.py)
              "ATEN_CPU_CAPABILITY": "avx2",        # PyTorch's own kernels
              "ONEDNN_MAX_CPU_ISA": "AVX2",         # oneDNN (PyTorch, CTranslate2)
              "MKL_ENABLE_INSTRUCTIONS": "AVX2",    # MKL's GEMM (PyTorch, CTranslate2)

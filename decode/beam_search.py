@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels import cpu_decoding
+
 NEG_INF = -1.0e9   # finite, so that no arithmetic on a dead hypothesis makes a NaN
 CHUNK = 32         # tokens per chunk in top_extensions
 # What a sentence's next step may append (select_extensions' mode): any token; any but eos (before
@@ -113,7 +115,7 @@ def select_extensions(logits, alive_logp, mode, n, eos_id):
   logits float32 [b, k, vocab]; alive_logp float32 [b, k]; mode int32 [b]: FREE, NO_EOS (eos gets
   NEG_INF), ONLY_EOS (every other token gets NEG_INF) or DEAD (every extension NEG_INF). Scores are
   alive_logp + log_softmax(logits); returns (values float32 [b, n], flat indices int32 [b, n] into
-  k * vocab), best first, ties to the lower index. kernels/cpu_attention.beam_extensions computes the same
+  k * vocab), best first, ties to the lower index. kernels/cpu_decoding.beam_extensions computes the same
   in one custom call.
   """
   vocab = logits.shape[-1]
@@ -122,6 +124,16 @@ def select_extensions(logits, alive_logp, mode, n, eos_id):
   m = mode[:, None, None]
   logp = jnp.where(((m == ONLY_EOS) & ~is_eos) | ((m == NO_EOS) & is_eos), NEG_INF, logp)
   return top_extensions(alive_logp, logp, mode == DEAD, n)
+
+
+def on_cpu(kernel):
+  """`kernel`, a CPU custom call with select_extensions' signature (model.ops.decoding_for's
+  beam_extensions), where the program is lowered for a CPU, and select_extensions on every other
+  platform; None stays None (the searches then use their XLA ops)."""
+  if kernel is None:
+    return None
+  return lambda logits, alive_logp, mode, n, eos_id: cpu_decoding.on_cpu(
+      kernel, select_extensions, logits, alive_logp, mode, n=n, eos_id=eos_id)
 
 
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,

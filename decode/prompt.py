@@ -18,10 +18,11 @@ import numpy as np
 
 from data.lm import SEP
 from data.vocab import BOS, EOS
+from decode import beam_search as beam_lib
 from decode.beam_search import beam_search
 from decode.sampling import sample
 from model import init_cache
-from model.ops import ops_for
+from model.ops import decoding_for
 
 
 def left_pad(prompts, length: int | None = None) -> np.ndarray:
@@ -77,7 +78,7 @@ def prompt_search(model, params, prompt, *, beam_size=4, max_len=20, alpha=0.6, 
   return beam_search(tokens_to_logits, cache, batch_size=prompt.shape[0], beam_size=beam_size,
                      max_len=max_len, eos_id=EOS, bos_id=0, alpha=alpha,
                      repetition_penalty=repetition_penalty,
-                     extensions=ops_for(model.cfg).beam_extensions)
+                     extensions=beam_lib.on_cpu(decoding_for(model.cfg).beam_extensions))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k", "top_p",
@@ -89,4 +90,5 @@ def prompt_sample(model, params, prompt, rng, *, max_len=20, temperature=1.0, to
   tokens_to_logits, cache = prefilled(model, params, prompt, max_len)
   return sample(tokens_to_logits, cache, rng, batch_size=prompt.shape[0], max_len=max_len, eos_id=EOS,
                 bos_id=0, temperature=temperature, top_k=top_k, top_p=top_p,
-                repetition_penalty=repetition_penalty, extensions=ops_for(model.cfg).beam_extensions)
+                repetition_penalty=repetition_penalty,
+                extensions=beam_lib.on_cpu(decoding_for(model.cfg).beam_extensions))

@@ -10,7 +10,7 @@ TransformerConfig.kernels chooses them:
                  search never copies
   output_layer   the pre-softmax weights laid out once per set of parameters for decoding
   fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
-  cpu_attention  the decoding step's attention, and beam search's choice of candidates, as C++ custom
+  cpu_decoding  the decoding step's attention, and beam search's choice of candidates, as C++ custom
                  calls (compiled on first use)
 
 One module is not a layer's piece but a setting of the process, called by `python -m train` before it
@@ -24,6 +24,9 @@ barriers and layouts would block fusion, so "auto" picks the reference there.
 from __future__ import annotations
 
 CHOICES = ("auto", "reference", "cpu")
+# The logit of a key a query may not see, in every XLA attention (model/attention.py, decode_cache.py):
+# large enough to zero a float32 softmax entry, small enough not to overflow when added to logits.
+MASKED = -1e9
 
 
 def resolve(kernels: str) -> str:

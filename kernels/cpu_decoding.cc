@@ -1,4 +1,4 @@
-// Decoding-step kernels for XLA:CPU as XLA FFI custom calls (kernels/cpu_attention.py builds and
+// Decoding-step kernels for XLA:CPU as XLA FFI custom calls (kernels/cpu_decoding.py builds and
 // registers them): the two attentions, the products by the decoder's weights, and beam search's choice
 // of candidates. One call does what XLA runs as a dozen small ops (scores, mask, max, exp, sum, divide,
 // weighted sum, and the transposes between them; log_softmax, masks and top-k), each of which costs a

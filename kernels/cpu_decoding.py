@@ -1,10 +1,17 @@
-"""The decoding step's C++ kernels as XLA FFI custom calls (kernels/cpu_attention.cc): one call per
-attention, and one for beam search's candidates.
+"""The CPU decoding backend's C++ kernels (kernels/cpu_decoding.cc) as XLA FFI custom calls: a decoding
+step's attention (one call per attention), its products by the decoder's weights laid out as panels, and
+beam search's choice of candidates.
 
-    if cpu_attention.available():
-      heads = cpu_attention.slot_attention(q, k, v, slot, index)     # self-attention, beam slots or not
-      heads = cpu_attention.masked_attention(q, keys, values, mask)  # cross-attention
-      values, index = cpu_attention.beam_extensions(logits, alive_logp, mode, n, eos_id)
+    heads = cpu_decoding.slot_attention(q, k, v, slot, index)     # self-attention, beam slots or not
+    heads = cpu_decoding.masked_attention(q, keys, values, mask)  # cross-attention
+    y = cpu_decoding.panel_matmul(x, panels, columns)             # x times panels (kernels/output_layer.py)
+    values, index = cpu_decoding.beam_extensions(logits, alive_logp, mode, n, eos_id)
+
+Only decoding on a CPU uses them (model/ops.py's decoding_for, with kernels "cpu", or "auto" on a CPU
+host): nothing here runs at import, model.init or in training. The library is built and registered the
+first time a decoding program is traced (`available()`), and every call goes through `on_cpu`, so the
+custom call is in the program only where it is lowered for a CPU; a program lowered for a GPU or TPU
+(jax.export from a CPU host included) carries the XLA ops that compute the same instead.
 
 In a decoding step XLA:CPU runs each attention as about a dozen small ops (scores, mask, max, exp, sum,
 divide, weighted sum, transposes), and at the default model's sizes the dispatch of each costs more than
@@ -17,8 +24,9 @@ bits on any number of threads.
 
 The source is compiled once per machine with the C++ compiler (`c++`, or $CXX) and the XLA FFI headers
 that ship with jaxlib, into ~/.cache/aiayn (or $AIAYN_CACHE), keyed by the source, jaxlib's version, the
-CPU's flags and the compiler command. Without a compiler, or with AIAYN_CPU_ATTENTION=0, `available()` is False and the caches use
-the XLA attention instead (with a warning when the build failed).
+CPU's flags and the compiler command. Without a compiler, or with AIAYN_CPU_DECODING=0 (the older
+AIAYN_CPU_ATTENTION=0 too), `available()` is False and decoding uses the XLA ops instead (with a warning
+when the build failed).
 """
 from __future__ import annotations
 
@@ -36,12 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SOURCE = pathlib.Path(__file__).with_name("cpu_attention.cc")
+SOURCE = pathlib.Path(__file__).with_name("cpu_decoding.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention",
            "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul"}
 
 
-# With -march=native the vector width is this machine's (cpu_attention.cc); AIAYN_CPU_MARCH names another
+# With -march=native the vector width is this machine's (cpu_decoding.cc); AIAYN_CPU_MARCH names another
 # target, e.g. x86-64-v3 (AVX2) to run an AVX2 machine's code on an AVX-512 one (benchmarks/throughput.py
 # --isa avx2).
 FLAGS = ["-O3", "-std=c++17"]
@@ -69,7 +77,7 @@ def find_compiler() -> str | None:
 
 
 def build(compiler: str | None = None) -> pathlib.Path:
-  """Compiles cpu_attention.cc (once: the library is cached) and returns the shared library's path.
+  """Compiles cpu_decoding.cc (once: the library is cached) and returns the shared library's path.
   Raises RuntimeError with the compiler's message if it fails."""
   compiler = compiler or find_compiler()
   if not compiler:
@@ -78,7 +86,7 @@ def build(compiler: str | None = None) -> pathlib.Path:
            f"-I{jax.ffi.include_dir()}"]
   key = hashlib.sha256("\n".join([SOURCE.read_text(), jax.lib.__version__, _cpu_flags(), compiler, *flags])
                        .encode()).hexdigest()[:16]
-  target = _cache_dir() / f"cpu_attention-{key}.so"
+  target = _cache_dir() / f"cpu_decoding-{key}.so"
   if target.exists():
     return target
   target.parent.mkdir(parents=True, exist_ok=True)
@@ -95,13 +103,13 @@ def build(compiler: str | None = None) -> pathlib.Path:
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
   """Whether the custom calls are built and registered (building them on the first call)."""
-  if os.environ.get("AIAYN_CPU_ATTENTION", "1") == "0":
+  if os.environ.get("AIAYN_CPU_DECODING", os.environ.get("AIAYN_CPU_ATTENTION", "1")) == "0":
     return False
   try:
     library = _library()
   except (RuntimeError, OSError) as error:
-    warnings.warn(f"kernels/cpu_attention.py: the C++ attention kernel is not available, decoding uses "
-                  f"the XLA attention ({error})", stacklevel=2)
+    warnings.warn(f"kernels/cpu_decoding.py: the C++ decoding kernels are not available, decoding uses "
+                  f"XLA ops ({error})", stacklevel=2)
     return False
   for name, symbol in TARGETS.items():
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
@@ -111,13 +119,21 @@ def available() -> bool:
 def _require(what: str) -> None:
   """Registers the custom calls (available()); RuntimeError naming `what` where they cannot be."""
   if not available():
-    raise RuntimeError(f"kernels/cpu_attention.py: {what} is not available (see the warning above)")
+    raise RuntimeError(f"kernels/cpu_decoding.py: {what} is not available (see the warning above)")
 
 
 def _call(target, out, **attributes):
   """jax.ffi.ffi_call of one of our targets, registering them first."""
   _require(target)
   return jax.ffi.ffi_call(target, out, **attributes)
+
+
+def on_cpu(kernel, elsewhere, *arrays, **static):
+  """kernel(*arrays, **static) where the program is lowered for a CPU, elsewhere(*arrays, **static) (the
+  XLA ops computing the same) on every other platform. Both are traced; lowering keeps one, so the
+  custom call never reaches a GPU or TPU program and the CPU program is the kernel alone."""
+  return jax.lax.platform_dependent(*arrays, cpu=functools.partial(kernel, **static),
+                                    default=functools.partial(elsewhere, **static))
 
 
 def _library():
@@ -140,8 +156,8 @@ def panel_matmul(x, panels, columns=None):
   `columns` of the product (default all; the rest of the last panel, its padding, is not written).
 
   For the few rows of a decoding step: one panel is one contiguous run of weights, each loaded once for
-  up to 8 rows, faster than XLA's dot for so few rows (docs/performance.md). Ranges of panels are shared
-  with XLA's intra-op thread pool."""
+  up to 8 rows (docs/performance.md has what it gained over XLA's dot). Ranges of panels are shared with
+  XLA's intra-op thread pool."""
   columns = panels.shape[0] * panels.shape[2] if columns is None else columns
   out = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)
   return _call("aiayn_panel_matmul", out)(x.astype(jnp.float32), panels)

@@ -16,7 +16,7 @@ results up to float rounding:
   [n, h, d_k, L], positions last, so that the scores' sum over d_k adds whole rows of positions (SIMD
   lanes side by side) rather than summing across the lanes of each d_k-vector.
 
-With ffi=True (float32 only; model/ops.py sets it where kernels/cpu_attention.py's C++ kernel built),
+With ffi=True (float32 only; model/ops.py sets it where kernels/cpu_decoding.py's C++ kernel built),
 both caches attend through that kernel, one custom call per attention, and every key (self and cross) is
 stored positions-last, [n, h, d_k, L], which is how the kernel reads them.
 """
@@ -28,10 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import cpu_attention
+from kernels import MASKED, cpu_decoding
 from kernels.mixed_matmul import einsum
-
-_MASKED = -1e9   # as model.attention: zeroes a float32 softmax entry without overflowing
 
 
 def _weighted_values(spec, weights, v, dtype, matmul_dtype):
@@ -46,6 +44,11 @@ def _scaled(q):
   return q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
 
 
+def _softmax(logits, mask, axis):
+  """The softmax of the caches' attention (both layouts), over `axis`, of the logits a query may see."""
+  return jax.nn.softmax(jnp.where(mask, logits, MASKED), axis=axis)
+
+
 def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   """q [b, q_len, h, d_k] against head-major k [b, h, kv_len, d_k] and v [b, h, kv_len, d_v]; mask bool
   broadcastable to [b, h, q_len, kv_len]. Returns [b, q_len, h, d_v] in `dtype`."""
@@ -53,7 +56,7 @@ def cached_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   q = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2)                 # [b, h, q_len, d_k] (small)
   k = k if matmul_dtype is not None else k.astype(q.dtype)  # (mixed: the cache is stored rounded)
   logits = einsum("bhqd,bhkd->bhqk", q, k, matmul_dtype)                  # float32 [b, h, q_len, kv_len]
-  weights = jax.nn.softmax(jnp.where(mask, logits, _MASKED), axis=-1)
+  weights = _softmax(logits, mask, axis=-1)
   out = _weighted_values("bhqk,bhkd->bhqd", weights, v, dtype, matmul_dtype)  # [b, h, q_len, d_v]
   return jnp.swapaxes(out, 1, 2)                                            # [b, q_len, h, d_v]
 
@@ -73,12 +76,31 @@ def beam_attention(q, k, v, mask, dtype=jnp.float32, matmul_dtype=None):
   # A multiply-and-sum rather than a batched matmul: XLA:CPU fuses it into one pass over the keys.
   logits = jnp.sum(q[:, None, :, :, :, None].astype(jnp.float32)
                    * k[:, :, :, None].astype(jnp.float32), axis=-2)        # [b, s, h, j, L]
-  logits = jnp.where(mask, logits, _MASKED)
-  logits = logits - jnp.max(logits, axis=(1, 4), keepdims=True)
-  weights = jnp.exp(logits)
-  weights = weights / jnp.sum(weights, axis=(1, 4), keepdims=True)
+  weights = _softmax(logits, mask, axis=(1, 4))                            # over (slot, position)
   out = _weighted_values("bshjt,bshtd->bshjd", weights, v, dtype, matmul_dtype)  # [b, s, h, j, d_v]
   return jnp.swapaxes(jnp.sum(out, axis=1), 1, 2)                          # [b, j, h, d_v]
+
+
+def slot_attention(q, k, v, slot, index, dtype=jnp.float32):
+  """XLA's kernels/cpu_decoding.slot_attention (same arguments, q not yet scaled): q [b, j, h, d_k];
+  keys positions-last k [b * s, h, d_k, L], v [b * s, h, L, d_v]; slot int32 [b * j, L]. Returns
+  [b, j, h, d_v] in `dtype`."""
+  b, j = q.shape[:2]
+  s, length = k.shape[0] // b, k.shape[-1]
+  wrote = slot.reshape(b, 1, 1, j, length) == jnp.arange(s)[None, :, None, None, None]   # [b, s, 1, j, L]
+  slots = lambda c: c.reshape((b, s) + c.shape[1:])
+  return beam_attention(q, slots(k), slots(v), wrote & (jnp.arange(length) <= index), dtype)
+
+
+def masked_attention(q, k, v, mask, dtype=jnp.float32):
+  """XLA's kernels/cpu_decoding.masked_attention (q not yet scaled): q [b, j, h, d_k]; keys positions-last
+  k [b, h, d_k, S], v [b, h, S, d_v]; mask bool [b, S]. Returns [b, j, h, d_v] in `dtype`."""
+  return beam_attention(q, k[:, None], v[:, None], mask[:, None, None, None, :], dtype)
+
+
+def _ffi(kernel, elsewhere, q, *arrays):
+  """The C++ kernel (queries scaled as it takes them) where lowered for a CPU, elsewhere XLA's."""
+  return cpu_decoding.on_cpu(lambda q, *a: kernel(_scaled(q), *a), elsewhere, q, *arrays)
 
 
 def _write_keys_last(layer_cache, k_new, v_new, index):
@@ -100,7 +122,7 @@ class HeadMajorCache:
   d_v: int
   dtype: Any
   matmul_dtype: Any = None
-  ffi: bool = False   # attend through kernels/cpu_attention.py (float32, no matmul_dtype)
+  ffi: bool = False   # attend through kernels/cpu_decoding.py (float32, no matmul_dtype)
 
   def init(self, batch_size: int, max_len: int) -> dict:
     dtype = self.matmul_dtype or self.dtype   # only matmuls read it: stored rounded
@@ -132,14 +154,15 @@ class HeadMajorCache:
     k, v = self._write(layer_cache, k_new, v_new, index)
     if self.ffi:   # a plain cache is one slot per row
       slot = jnp.zeros((k.shape[0], k.shape[3]), jnp.int32)
-      return cpu_attention.slot_attention(_scaled(q), k, v, slot, index), {"k": k, "v": v}
+      return _ffi(cpu_decoding.slot_attention, slot_attention, q, k, v, slot, index), {"k": k, "v": v}
     visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]        # [1, 1, 1, L]
     return cached_attention(q, k, v, visible, self.dtype, self.matmul_dtype), {"k": k, "v": v}
 
   def attend_cross(self, attend, q, keys, values, mask):
     del attend
     if self.ffi:
-      return cpu_attention.masked_attention(_scaled(q), keys, values, mask.reshape(mask.shape[0], -1))
+      return _ffi(cpu_decoding.masked_attention, masked_attention, q, keys, values,
+                  mask.reshape(mask.shape[0], -1))
     return cached_attention(q, keys, values, mask, self.dtype, self.matmul_dtype)
 
   def reorder(self, cache: dict, rows) -> dict:
@@ -178,8 +201,9 @@ class BeamSlotCache(HeadMajorCache):
     k, v = self._write(layer_cache, k_new, v_new, index)
     b, beams = context.shape[:2]
     if self.ffi:
-      q = _scaled(q).reshape(b, beams, *q.shape[2:])
-      return cpu_attention.slot_attention(q, k, v, context.reshape(b * beams, -1), index), {"k": k, "v": v}
+      q = q.reshape(b, beams, *q.shape[2:])
+      heads = _ffi(cpu_decoding.slot_attention, slot_attention, q, k, v, context.reshape(b * beams, -1), index)
+      return heads, {"k": k, "v": v}
     slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, ., .] (no copy)
     heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), context,
                            self.dtype, self.matmul_dtype)                  # [b, k, h, d_v]

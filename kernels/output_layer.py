@@ -5,15 +5,17 @@ the decoding loop XLA:CPU transposes that table at every step; transposed once b
 rounded to the matmul dtype), the per-step matmul reads it as it lies.
 
 With the C++ kernels (float32), the table is laid out instead as the panels that
-kernels/cpu_attention.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
+kernels/cpu_decoding.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
 times the beam), and XLA's dot streams an 8,000-column table slowly for so few. The decoder's other
 kernels are laid out the same way (kernel_panels, model/dense.py).
 """
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
-from kernels import cpu_attention
+from kernels import cpu_decoding
 
 
 def decoding_kernel(table, *, dtype):
@@ -35,9 +37,18 @@ def panels(table, width: int):
   return jnp.swapaxes(padded.reshape(count, width, d), 1, 2)
 
 
+def panel_matmul(x, panels, columns: int):
+  """x [n, d] times panels [count, d, width] (the layout of `panels`) -> float32 [n, columns]: the C++
+  panel product where the program is lowered for a CPU, the same product as an XLA dot elsewhere."""
+  def xla(x, panels):
+    y = jnp.einsum("nd,pdc->npc", x.astype(jnp.float32), panels, preferred_element_type=jnp.float32)
+    return y.reshape(x.shape[0], -1)[:, :columns]
+  return cpu_decoding.on_cpu(functools.partial(cpu_decoding.panel_matmul, columns=columns), xla, x, panels)
+
+
 def decoding_panels(table):
   """decoding_kernel for the C++ path: the table as panel_matmul reads it (this CPU's panel width)."""
-  return panels(table, cpu_attention.panel_width())
+  return panels(table, cpu_decoding.panel_width())
 
 
 def kernel_panels(kernel):
@@ -47,4 +58,4 @@ def kernel_panels(kernel):
 
 def panel_logits(y, kernel, *, vocab: int):
   """y [n, d_model] x panels (decoding_panels) -> float32 logits [n, vocab]."""
-  return cpu_attention.panel_matmul(y, kernel, vocab)
+  return panel_matmul(y, kernel, vocab)

@@ -8,15 +8,35 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
+from kernels import MASKED
+from model import fused_attention
 from model import positions as positions_lib
 from model.dense import DenseGeneral
 
 
-# Large enough to zero a softmax entry in float32, small enough not to overflow when added to logits.
-_MASKED = -1e9
+@flax.struct.dataclass
+class PackedMask:
+  """The mask of a teacher-forced pass with what it was built from, so that a fused kernel can read the
+  segment ids (model/fused_attention.py) where the plain attention reads the dense mask.
+
+  dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
+  whether a query also sees no later key."""
+  dense: jax.Array
+  q_segments: jax.Array
+  kv_segments: jax.Array
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False) -> PackedMask:
+  """segment_mask (and causal_mask) as a PackedMask."""
+  dense = segment_mask(q_segments, kv_segments)
+  if causal:
+    dense = dense & causal_mask(q_segments.shape[1])
+  return PackedMask(dense, q_segments, kv_segments, causal)
 
 
 def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
@@ -35,48 +55,42 @@ def causal_mask(length: int) -> jax.Array:
   return (idx[:, None] >= idx[None, :])[None, None]
 
 
+def attention_weights(q, k, mask, bias=None, dot_general=None):
+  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the one softmax of the
+  plain attention (kernels/decode_cache.py and the C++ decoding kernels have their own layouts' own).
+
+  q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
+  key/value head serving h/g consecutive query heads); mask: bool broadcastable to [b, h, q_len, kv_len]
+  or None; bias: float broadcastable to the same, or None (ALiBi, relative positions). Returns float32
+  [b, h, q_len, kv_len]; decode/attention_maps.py draws them (`sow`)."""
+  groups = q.shape[2] // k.shape[2]
+  k = jnp.repeat(k, groups, axis=2) if groups > 1 else k                     # [b, kv_len, h, d_k]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
+                      preferred_element_type=jnp.float32,
+                      _dot_general=dot_general or jax.lax.dot_general)       # float32 [b, h, q_len, kv_len]
+  if bias is not None:
+    logits = logits + bias
+  if mask is not None:
+    logits = jnp.where(mask, logits, MASKED)
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None,
                           bias=None):
-  """softmax(q k^T / sqrt(d_k) + bias) v, with the softmax in float32.
+  """softmax(q k^T / sqrt(d_k) + bias) v (attention_weights), times v in `dtype`.
 
-  q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k]; v: [b, kv_len, g, d_v], where g divides h (g < h:
-  grouped-query attention, each key/value head serving h/g consecutive query heads);
-  mask: bool broadcastable to [b, h, q_len, kv_len] or None; bias: float broadcastable to the same, or
-  None (ALiBi, relative positions). Returns [b, q_len, h, d_v] in `dtype`.
-  dot_general: what both matmuls use (None: lax.dot_general); dropout: None or a function applied to
-  the attention weights.
+  q, k, mask, bias: as attention_weights (mask may also be a PackedMask); v: [b, kv_len, g, d_v].
+  Returns [b, q_len, h, d_v] in `dtype`. dot_general: what both matmuls use (None: lax.dot_general);
+  dropout: None or a function applied to the attention weights.
   """
-  dot_general = dot_general or jax.lax.dot_general
-  groups = q.shape[2] // k.shape[2]
-  if groups > 1:
-    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)   # [b, kv_len, h, d]
-  scale = q.shape[-1] ** -0.5
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, q.dtype), k,
-                      preferred_element_type=jnp.float32,
-                      _dot_general=dot_general)                # float32 [b, h, q_len, kv_len]
-  if bias is not None:
-    logits = logits + bias
-  if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
-  weights = jax.nn.softmax(logits, axis=-1)                    # float32
+  mask = mask.dense if isinstance(mask, PackedMask) else mask
+  weights = attention_weights(q, k, mask, bias, dot_general)                # float32
   if dropout is not None:
     weights = dropout(weights)
+  groups = q.shape[2] // v.shape[2]
+  v = jnp.repeat(v, groups, axis=2) if groups > 1 else v                     # [b, kv_len, h, d_v]
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(dtype), v.astype(dtype),
-                    _dot_general=dot_general)                  # [b, q_len, h, d_v]
-
-
-def attention_weights(q, k, mask, bias=None):
-  """The softmax weights float32 [b, h, q_len, kv_len] that dot_product_attention applies (for
-  pictures: decode/attention_maps.py captures them with `sow`)."""
-  groups = q.shape[2] // k.shape[2]
-  k = jnp.repeat(k, groups, axis=2) if groups > 1 else k
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32) * q.shape[-1] ** -0.5,
-                      k.astype(jnp.float32))
-  if bias is not None:
-    logits = logits + bias
-  if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
-  return jax.nn.softmax(logits, axis=-1)
+                    _dot_general=dot_general or jax.lax.dot_general)       # [b, q_len, h, d_v]
 
 
 class MultiHeadAttention(nn.Module):
@@ -97,6 +111,7 @@ class MultiHeadAttention(nn.Module):
   dropout_cls: Any = nn.Dropout
   num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
   rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
+  impl: str = "xla"                 # TransformerConfig.attention_impl (model/fused_attention.py)
 
   def setup(self):
     dense = lambda features, axis=-1: DenseGeneral(
@@ -134,10 +149,16 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
+    dense = mask.dense if isinstance(mask, PackedMask) else mask
     if self.is_mutable_collection("intermediates"):   # decode/attention_maps.py asks; training never does
-      self.sow("intermediates", "attention_weights", attention_weights(q, k, mask, bias))
-    return dot_product_attention(q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general,
-                                 dropout=dropout, bias=bias)
+      self.sow("intermediates", "attention_weights", attention_weights(q, k, dense, bias))
+    reference = lambda q, k, v: dot_product_attention(q, k, v, dense, dtype=self.dtype,
+                                                      dot_general=self.dot_general, dropout=dropout,
+                                                      bias=bias)
+    if not isinstance(mask, PackedMask):   # a decoding step: one query against the cache
+      return reference(q, k, v)
+    return fused_attention.attention(self.impl, q, k, v, mask, bias, dropout is not None,
+                                     reference).astype(self.dtype)
 
   def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model].

@@ -15,6 +15,7 @@ ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")   # model/fused_attention.py
 REMATS = ("none", "minimal", "full")   # model/stack.py: what the backward pass recomputes per layer
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -56,6 +57,11 @@ class TransformerConfig:
   # Which implementation computes the model: "reference" (model/ as written), "cpu" (the XLA:CPU fast
   # paths of kernels/, same results) or "auto" (cpu on the CPU backend, reference elsewhere).
   kernels: str = "auto"
+  # Which kernel computes the teacher-forced attention (docs/accelerators.md): "xla" (model/attention.py
+  # as written), "cudnn" (jax.nn.dot_product_attention's cuDNN flash attention), "splash" (Pallas TPU
+  # splash attention), or "auto": cudnn on a GPU, splash on a TPU, xla on a CPU, chosen by the platform
+  # the program is lowered for. Same model, same parameters; a setting a kernel cannot take falls back.
+  attention_impl: str = "auto"
   # Switches. Defaults are the paper's choices.
   pre_norm: bool = False               # LayerNorm before each sub-layer, plus final norms
   learned_positions: bool = False      # Table 3 row E
@@ -100,7 +106,8 @@ class TransformerConfig:
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         fail(f"{name} must be in [0, 1), got {rate}")
-    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS, remat=REMATS)
+    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS, remat=REMATS,
+                   attention_impl=ATTENTION_IMPLS)
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")

@@ -1,15 +1,14 @@
 """Dense layers that a decoding step can run on their kernels laid out in panels.
 
 A decoding step multiplies a few rows (a device's sentences times the beam) by every kernel of the
-decoder. XLA's dot streams a kernel slowly for so few rows; read as it lies, a [d_in, d_out] kernel is a
-stride of d_out floats from one weight to the next a row uses (4 KB for the FFN's d_ff = 1,024), which the
-caches serve badly. Laid out as panels (kernels/output_layer.panels, the output layer's layout), each
-weight is read once, in order, for up to 8 rows; what it gained is in docs/performance.md.
+decoder. On a CPU, XLA's dot streams a kernel slowly for so few rows; the CPU decoding backend lays each
+kernel out once per set of parameters as panels (kernels/output_layer.py, the output layer's layout) and
+multiplies by them with a C++ product (kernels/cpu_decoding.py); docs/performance.md has the gain.
 
 These are flax's nn.Dense and nn.DenseGeneral, with the same parameters and the same results when called
-as usual. `decoding_panels(layout)` lays out the kernel once per set of parameters
-(Transformer.decoding_weights; the decoding memory keeps it, on the C++ path of model/ops.py only), and
-`__call__(x, panels)` multiplies by it with the C++ panel product of kernels/cpu_attention.py.
+as usual. `decoding_panels(layout)` lays out the kernel with the backend's `layout`
+(Transformer.decoding_weights; only model/ops.py's CPU decoding backend has one), and `__call__(x, panels)`
+multiplies by it (kernels.output_layer.panel_matmul).
 """
 from __future__ import annotations
 
@@ -18,14 +17,14 @@ from typing import Callable
 
 import flax.linen as nn
 
-from kernels import cpu_attention
+from kernels import output_layer
 
 
 def _panel_product(module, x, panels, contracted: int, features: tuple):
   """x [..., *contracted axes] times the module's kernel as panels, plus its bias -> [..., *features]."""
   lead = x.shape[:x.ndim - contracted]
   rows = x.reshape(math.prod(lead), -1)                                        # [n, d_in]
-  y = cpu_attention.panel_matmul(rows, panels, math.prod(features))           # float32 [n, d_out]
+  y = output_layer.panel_matmul(rows, panels, math.prod(features))           # float32 [n, d_out]
   if module.use_bias:
     y = y + module.get_variable("params", "bias").reshape(-1)
   return y.reshape(lead + features).astype(module.dtype)

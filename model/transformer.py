@@ -17,13 +17,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model.attention import causal_mask, segment_mask
+from model.attention import causal_mask, packed_mask, segment_mask
 from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
 from model.heads import ClassificationHead, MaskedLMHead
 from model import stack
 from model.layers import DecoderLayer, EncoderLayer, layer_norm
-from model.ops import ops_for
+from model.ops import decoding_for, ops_for
 from model.positions import RelativeBias, alibi_bias
 
 
@@ -77,7 +77,7 @@ class Encoder(nn.Module):
   def __call__(self, src, src_segments, src_positions, deterministic=True):
     """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
     x = self.embed(src, src_positions, deterministic)
-    mask = segment_mask(src_segments, src_segments)            # [b, 1, src_len, src_len]
+    mask = packed_mask(src_segments, src_segments)             # dense [b, 1, src_len, src_len]
     bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
     x = stack.apply(self.layers, x, mask, deterministic, src_positions, bias)
     return self.final_norm(x) if self.cfg.pre_norm else x
@@ -102,8 +102,8 @@ class Decoder(nn.Module):
     """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer).
     Without cross-attention (decoder-only) enc_out and src_segments are None."""
     x = self.embed(tgt_in, tgt_positions, deterministic)
-    self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
-    cross_mask = None if enc_out is None else segment_mask(tgt_segments, src_segments)  # [b,1,tgt,src]
+    self_mask = packed_mask(tgt_segments, tgt_segments, causal=True)
+    cross_mask = None if enc_out is None else packed_mask(tgt_segments, src_segments)  # [b,1,tgt,src]
     bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
     x = stack.apply(self.layers, x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)
@@ -267,10 +267,10 @@ class Transformer(nn.Module):
     ('output') and, on the C++ path, the decoder's kernels laid out as panels ('panels',
     model/dense.py). decode/translate.py computes them once per set of parameters, not once per batch."""
     stack.check_unrolled(self.cfg, "decoding_weights")
-    ops = ops_for(self.cfg)
-    weights = {"output": ops.decoding_weights(self.output_table())}
-    if ops.layer_panels is not None:
-      weights["panels"] = self.decoder.decoding_panels(ops.layer_panels)
+    backend = decoding_for(self.cfg)
+    weights = {"output": backend.decoding_weights(self.output_table())}
+    if backend.layer_panels is not None:
+      weights["panels"] = self.decoder.decoding_panels(backend.layer_panels)
     return weights
 
   def prepare_decoding(self, enc_out, weights=None):
@@ -280,7 +280,7 @@ class Transformer(nn.Module):
     stack.check_unrolled(self.cfg, "prepare_decoding")
     memory = dict(self.decoding_weights() if weights is None else weights)
     if self.cfg.arch != "decoder_only":   # else nothing to cross-attend to; enc_out may be None
-      cache = ops_for(self.cfg).cache(False)   # the keys' and values' layout: the same for every cache kind
+      cache = decoding_for(self.cfg).cache(False)   # the keys' and values' layout: the same for every cache kind
       memory["cross"] = self.decoder.cross_kv(enc_out, cache)
     return memory
 
@@ -288,7 +288,7 @@ class Transformer(nn.Module):
     """Decoder-only: a prompt int [n, P] (left-padded with 0) in one cached pass. Returns (logits
     float32 [n, vocab] for the token after the prompt, cache ready for decode_step at index P)."""
     y, cache = self.decoder.prefill(prompt, cache)
-    return ops_for(self.cfg).decoding_logits(y, memory["output"]), cache
+    return decoding_for(self.cfg).decoding_logits(y, memory["output"]), cache
 
   def decode_step(self, ids, cache, memory, src_mask):
     """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
@@ -296,10 +296,10 @@ class Transformer(nn.Module):
     ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...]
     leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
     """
-    ops = ops_for(self.cfg)
+    backend = decoding_for(self.cfg)
     y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
-                                 ops.cache("slot_history" in cache), memory.get("panels"))
-    return ops.decoding_logits(y, memory["output"]), cache
+                                 backend.cache("slot_history" in cache), memory.get("panels"))
+    return backend.decoding_logits(y, memory["output"]), cache
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):
@@ -316,7 +316,7 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
   if cfg.arch == "encoder_only":
     raise ValueError("arch='encoder_only' has no decoder to decode with")
   stack.check_unrolled(cfg, "init_cache")
-  cache = ops_for(cfg).cache(beam_slots).init(batch_size, max_len)
+  cache = decoding_for(cfg).cache(beam_slots).init(batch_size, max_len)
   if cfg.arch == "decoder_only":
     cache["offset"] = jnp.zeros((batch_size,), jnp.int32)   # left padding of the prompt (prefill)
   return cache
@@ -325,4 +325,4 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
 def reorder_cache(cfg: TransformerConfig, cache, rows):
   """Beam search's reorder for a cache from `init_cache`: new row i continues old row rows[i].
   Use as beam_search(..., reorder=functools.partial(reorder_cache, cfg))."""
-  return ops_for(cfg).cache("slot_history" in cache).reorder(cache, rows)
+  return decoding_for(cfg).cache("slot_history" in cache).reorder(cache, rows)

@@ -8,7 +8,7 @@ import pytest
 
 from model import Transformer, TransformerConfig, init_cache, num_params
 from model.cache import KVCache
-from model.ops import ops_for
+from model.ops import decoding_for
 from model.positions import alibi_slopes, relative_bucket, rope
 
 SMALL = dict(vocab_size=31, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=2,
@@ -108,7 +108,7 @@ def test_the_cache_stores_num_kv_heads_heads(kv_heads):
     if kernels == "reference" or kv_heads < 4:
       assert cache["layers"][0]["k"].shape == (3, 10, kv_heads, 4)
       assert cache["layers"][0]["v"].shape == (3, 10, kv_heads, 4)
-      assert isinstance(ops_for(cfg).cache(True), KVCache)
+      assert isinstance(decoding_for(cfg).cache(True), KVCache)
 
 
 def test_bad_switches_are_named():
@@ -228,7 +228,7 @@ def test_the_cpu_kernels_fall_back_to_the_plain_cache_for_the_family():
     src, tgt = _tokens(12, (2, 7)), _tokens(13, (2, 6))
     np.testing.assert_allclose(Transformer(fast).apply({"params": params}, src, tgt),
                                model.apply({"params": params}, src, tgt), rtol=1e-5, atol=1e-5)
-    assert isinstance(ops_for(fast).cache(True), KVCache)
+    assert isinstance(decoding_for(fast).cache(True), KVCache)
 
 
 def test_encoder_only_is_bidirectional_and_classifies():

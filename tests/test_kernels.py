@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import cpu_attention, dropout16, flat_matmul, output_layer
+from kernels import cpu_decoding, dropout16, flat_matmul, output_layer
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.dense import Dense, DenseGeneral
-from model.ops import ops_for
+from model.ops import decoding_for, ops_for
 
 SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, dropout_rate=0.0, max_len=32)
@@ -161,7 +161,7 @@ def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam
   """Head-major caches stored in the matmul dtype, beam slots and the pre-transposed output layer give
   the reference cache's logits, step after step, with the C++ attention (float32) and without it."""
   if not ffi:
-    monkeypatch.setattr(cpu_attention, "available", lambda: False)
+    monkeypatch.setattr(cpu_decoding, "available", lambda: False)
   rng = np.random.default_rng(2)
   src = _ids(rng, (2, 6)).at[0, 4:].set(0)
   reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
@@ -191,7 +191,7 @@ def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded(
 
 
 def _attention_reference(q, k, v, visible):
-  """cpu_attention's arithmetic in numpy (float64): q [b, j, h, d]; k, v [b, j, h, T, d] per query;
+  """cpu_decoding's arithmetic in numpy (float64): q [b, j, h, d]; k, v [b, j, h, T, d] per query;
   visible bool [b, j, T]. Rows with nothing visible average every value."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   scores = np.einsum("bjhd,bjhtd->bjht", q, k)
@@ -203,25 +203,27 @@ def _attention_reference(q, k, v, visible):
   return np.einsum("bjht,bjhtd->bjhd", weights, v)
 
 
-def test_cpu_attention_kernel_builds_here_and_is_what_float32_decoding_uses():
-  """The machine has a C++ compiler (the README's set-up), so float32 decoding runs the custom calls."""
-  assert cpu_attention.available()
-  assert cpu_attention.build().exists()
+def test_cpu_decoding_kernel_builds_here_and_is_what_float32_decoding_uses():
+  """Where the machine has a C++ compiler (the README's set-up), float32 decoding runs the custom calls."""
+  if cpu_decoding.find_compiler() is None:
+    pytest.skip("no C++ compiler here (c++, g++ or $CXX): decoding uses XLA ops")
+  assert cpu_decoding.available()
+  assert cpu_decoding.build().exists()
   cfg = SMALL.replace(kernels="cpu")
   for beam_slots in (False, True):
-    assert ops_for(cfg).cache(beam_slots).ffi
-    assert not ops_for(cfg.replace(matmul_dtype="bfloat16")).cache(beam_slots).ffi
+    assert decoding_for(cfg).cache(beam_slots).ffi
+    assert not decoding_for(cfg.replace(matmul_dtype="bfloat16")).cache(beam_slots).ffi
   cache = init_cache(cfg, 4, 10, beam_slots=True)
   assert cache["layers"][0]["k"].shape == (4, 4, 8, 10) and cache["layers"][0]["v"].shape == (4, 4, 10, 8)
   plain = init_cache(cfg, 4, 10, beam_slots=False)       # keys positions-last for the kernel here too
   assert plain["layers"][0]["k"].shape == (4, 4, 8, 10) and plain["layers"][0]["v"].shape == (4, 4, 10, 8)
   # Beam search picks its candidates with the C++ kernel whatever the dtype (the logits are float32).
-  assert ops_for(cfg).beam_extensions is cpu_attention.beam_extensions
-  assert ops_for(cfg.replace(matmul_dtype="bfloat16")).beam_extensions is cpu_attention.beam_extensions
-  assert ops_for(cfg.replace(kernels="reference")).beam_extensions is None
+  assert decoding_for(cfg).beam_extensions is cpu_decoding.beam_extensions
+  assert decoding_for(cfg.replace(matmul_dtype="bfloat16")).beam_extensions is cpu_decoding.beam_extensions
+  assert decoding_for(cfg.replace(kernels="reference")).beam_extensions is None
   # The output layer's product too, in float32; mixed precision keeps XLA's dot on the rounded table.
-  assert ops_for(cfg).decoding_weights is output_layer.decoding_panels
-  assert ops_for(cfg.replace(matmul_dtype="bfloat16")).decoding_weights.func is output_layer.decoding_kernel
+  assert decoding_for(cfg).decoding_weights is output_layer.decoding_panels
+  assert decoding_for(cfg.replace(matmul_dtype="bfloat16")).decoding_weights.func is output_layer.decoding_kernel
 
 
 def test_output_layer_panels_hold_the_table_by_columns_with_zeros_past_the_vocabulary():
@@ -245,7 +247,7 @@ def test_panel_matmul_is_the_output_layer_product(n, d, vocab):
   assert got.shape == (n, vocab)
   np.testing.assert_allclose(got, y.astype(np.float64) @ table.T.astype(np.float64), rtol=1e-5, atol=1e-4)
   with pytest.raises(Exception, match="shapes do not match"):     # a layout of another width
-    jax.block_until_ready(cpu_attention.panel_matmul(y, output_layer.panels(table, 2 * cpu_attention.panel_width())))
+    jax.block_until_ready(cpu_decoding.panel_matmul(y, output_layer.panels(table, 2 * cpu_decoding.panel_width())))
 
 
 @pytest.mark.parametrize("make, x_shape", [
@@ -266,7 +268,7 @@ def test_dense_layers_on_their_panels_equal_their_plain_call(make, x_shape):
   jax.tree.map(np.testing.assert_array_equal, variables, flax_module.init(jax.random.key(1), x))
   variables = jax.tree.map(lambda v: v + 0.5, variables)             # a bias that is not zero
   panels = module.apply(variables, output_layer.kernel_panels, method="decoding_panels")
-  assert panels.shape[2] == cpu_attention.panel_width()
+  assert panels.shape[2] == cpu_decoding.panel_width()
   want = flax_module.apply(variables, x)
   got = jax.jit(lambda v, x, p: module.apply(v, x, p))(variables, x, panels)
   assert got.shape == want.shape
@@ -309,7 +311,7 @@ def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_lay
   assert _panel_products(cfg.replace(kernels="reference"), src)[0] == 0
 
 
-def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
+def test_cpu_decoding_vectors_fit_the_registers_of_every_x86_level(tmp_path):
   """The kernel's vector type must be as wide as the target's registers: wider, GCC passes it through
   memory (the -Wpsabi warning), which made decoding on an AVX2-only host 2x slower. Compiled for each
   x86-64 level, with that warning an error."""
@@ -317,11 +319,11 @@ def test_cpu_attention_vectors_fit_the_registers_of_every_x86_level(tmp_path):
   import subprocess
   if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip(f"x86-64 levels only (this machine: {platform.machine()})")
-  compiler = cpu_attention.find_compiler()
+  compiler = cpu_decoding.find_compiler()
   assert compiler, "no C++ compiler ($CXX, c++ or g++)"
   for level in ("x86-64-v2", "x86-64-v3", "x86-64-v4"):   # SSE4.2, AVX2, AVX-512
-    command = [compiler, *cpu_attention.FLAGS, f"-march={level}", "-fPIC", "-Werror=psabi",
-               f"-I{jax.ffi.include_dir()}", "-c", str(cpu_attention.SOURCE), "-o", str(tmp_path / "k.o")]
+    command = [compiler, *cpu_decoding.FLAGS, f"-march={level}", "-fPIC", "-Werror=psabi",
+               f"-I{jax.ffi.include_dir()}", "-c", str(cpu_decoding.SOURCE), "-o", str(tmp_path / "k.o")]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, f"{level}: {done.stderr[-1500:]}"
 
@@ -336,7 +338,7 @@ def test_slot_attention_reads_each_position_from_its_slot_and_stops_at_index(d, 
   k = rng.standard_normal((b * j, h, length, d)).astype(np.float32)
   v = rng.standard_normal((b * j, h, length, dv)).astype(np.float32)
   slot = rng.integers(0, j, (b * j, length)).astype(np.int32)
-  run = jax.jit(cpu_attention.slot_attention)
+  run = jax.jit(cpu_decoding.slot_attention)
   keys_last = np.swapaxes(k, 2, 3)                                                  # [n, h, d, L]
   for index in (0, 3, 40, length // 2, length - 1):   # 40: a run of 3 blocks
     got = np.asarray(run(q, keys_last, v, slot, index))
@@ -361,7 +363,7 @@ def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row(d
   v = rng.standard_normal((b, h, src, d)).astype(np.float32)
   mask = np.zeros((b, src), bool)
   mask[0, :3] = mask[1] = True                    # a partly masked row, a whole one, an empty one
-  got = np.asarray(jax.jit(cpu_attention.masked_attention)(q, np.swapaxes(k, 2, 3), v, mask))
+  got = np.asarray(jax.jit(cpu_decoding.masked_attention)(q, np.swapaxes(k, 2, 3), v, mask))
   per_query = lambda x: np.broadcast_to(x[:, None], (b, j) + x.shape[1:])
   want = _attention_reference(q, per_query(k), per_query(v), per_query(mask))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -372,20 +374,20 @@ def test_masked_attention_skips_masked_sources_and_averages_a_fully_masked_row(d
   np.testing.assert_allclose(got, xla, rtol=1e-5, atol=1e-5)
 
 
-def test_cpu_attention_build_failure_is_reported_and_decoding_falls_back(monkeypatch, tmp_path):
+def test_cpu_decoding_build_failure_is_reported_and_decoding_falls_back(monkeypatch, tmp_path):
   monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
   with pytest.raises(RuntimeError, match="failed"):
-    cpu_attention.build(compiler="false")
-  monkeypatch.setattr(cpu_attention, "build", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
-  cpu_attention.available.cache_clear()
+    cpu_decoding.build(compiler="false")
+  monkeypatch.setattr(cpu_decoding, "build", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+  cpu_decoding.available.cache_clear()
   try:
-    with pytest.warns(UserWarning, match="uses the XLA attention .no compiler"):
-      assert not cpu_attention.available()
-    assert not ops_for(SMALL.replace(kernels="cpu")).cache(True).ffi
-    assert ops_for(SMALL.replace(kernels="cpu")).beam_extensions is None
-    assert ops_for(SMALL.replace(kernels="cpu")).decoding_weights.func is output_layer.decoding_kernel
+    with pytest.warns(UserWarning, match="uses XLA ops .no compiler"):
+      assert not cpu_decoding.available()
+    assert not decoding_for(SMALL.replace(kernels="cpu")).cache(True).ffi
+    assert decoding_for(SMALL.replace(kernels="cpu")).beam_extensions is None
+    assert decoding_for(SMALL.replace(kernels="cpu")).decoding_weights.func is output_layer.decoding_kernel
   finally:
-    cpu_attention.available.cache_clear()
+    cpu_decoding.available.cache_clear()
 
 
 @pytest.mark.parametrize("b, k, vocab", [(5, 4, 8000), (4, 3, 77), (3, 2, 5), (2, 1, 16)])
@@ -393,7 +395,7 @@ def test_beam_extensions_kernel_picks_what_select_extensions_picks(b, k, vocab):
   """Every mode, hypotheses that are out (alive NEG_INF), repeated logits (ties go to the lower index),
   vocabularies of whole blocks, with rests, and smaller than a vector, up to n = k * vocab."""
   from decode import beam_search as bs
-  assert cpu_attention.available()   # builds and registers the custom calls
+  assert cpu_decoding.available()   # builds and registers the custom calls
   rng = np.random.default_rng(vocab)
   logits = (rng.standard_normal((b, k, vocab)) * 3).astype(np.float32)
   logits[0, :, vocab // 2:] = logits[0, :, :vocab - vocab // 2]    # the same logit at two tokens
@@ -405,7 +407,7 @@ def test_beam_extensions_kernel_picks_what_select_extensions_picks(b, k, vocab):
   if k > 1:
     alive[-1, 1] = alive[-1, 0]
   ref = jax.jit(bs.select_extensions, static_argnums=(3, 4))
-  kernel = jax.jit(cpu_attention.beam_extensions, static_argnums=(3, 4))
+  kernel = jax.jit(cpu_decoding.beam_extensions, static_argnums=(3, 4))
   for mode in (bs.FREE, bs.NO_EOS, bs.ONLY_EOS, bs.DEAD):
     modes = np.full((b,), mode, np.int32)
     modes[0] = bs.FREE
@@ -430,7 +432,7 @@ def test_beam_extensions_kernel_picks_what_select_extensions_picks(b, k, vocab):
 def test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops():
   """The whole search, with a sentence that reaches its limit and min_len holding eos back."""
   from decode import beam_search as bs
-  assert cpu_attention.available()
+  assert cpu_decoding.available()
   rng = np.random.default_rng(0)
   vocab, b, k = 300, 3, 4
   table = jnp.asarray(rng.standard_normal((vocab, vocab)) * 2, jnp.float32)   # next-token logits by token
@@ -444,7 +446,7 @@ def test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops():
         step, c, batch_size=b, beam_size=k, max_len=jnp.array([3, 9, 12]), max_steps=12, eos_id=3, bos_id=2,
         min_len=min_len, extensions=extensions))(cache)
     want_seqs, want_scores = run(bs.select_extensions)
-    got_seqs, got_scores = run(cpu_attention.beam_extensions)
+    got_seqs, got_scores = run(cpu_decoding.beam_extensions)
     np.testing.assert_array_equal(got_seqs, want_seqs)
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5)
 
@@ -453,23 +455,23 @@ _THREADS_SCRIPT = """
 import os, sys
 os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(",")})   # before JAX sizes its thread pool
 import jax, jax.numpy as jnp, numpy as np
-from kernels import cpu_attention, output_layer
+from kernels import cpu_decoding, output_layer
 rng = np.random.default_rng(0)
 f32 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
 b, j, h, d, length, src, vocab = 8, 4, 4, 64, 512, 1024, 32000   # parts long enough for both threads
 x, table = f32(64, 200), f32(1000, 200)
-panels = output_layer.panels(table, cpu_attention.panel_width())
+panels = output_layer.panels(table, cpu_decoding.panel_width())
 slot = jnp.asarray(rng.integers(0, j, (b * j, length)), jnp.int32)
 mask = jnp.asarray(rng.random((b, src)) < 0.8)
 mode = jnp.asarray(rng.integers(0, 4, (b,)), jnp.int32)
 out = {
-    "panel": jax.jit(lambda x, p: cpu_attention.panel_matmul(x, p, 1000))(x, panels),
-    "slot": jax.jit(cpu_attention.slot_attention)(f32(b, j, h, d), f32(b * j, h, d, length),
+    "panel": jax.jit(lambda x, p: cpu_decoding.panel_matmul(x, p, 1000))(x, panels),
+    "slot": jax.jit(cpu_decoding.slot_attention)(f32(b, j, h, d), f32(b * j, h, d, length),
                                                    f32(b * j, h, length, d), slot, jnp.int32(500)),
-    "masked": jax.jit(cpu_attention.masked_attention)(f32(b, j, h, d), f32(b, h, d, src), f32(b, h, src, d),
+    "masked": jax.jit(cpu_decoding.masked_attention)(f32(b, j, h, d), f32(b, h, d, src), f32(b, h, src, d),
                                                        mask),
 }
-out["values"], out["indices"] = jax.jit(lambda l, a, m: cpu_attention.beam_extensions(l, a, m, 8, 3))(
+out["values"], out["indices"] = jax.jit(lambda l, a, m: cpu_decoding.beam_extensions(l, a, m, 8, 3))(
     f32(b, j, vocab), f32(b, j), mode)
 np.savez(sys.argv[1], **{k: np.asarray(v) for k, v in out.items()})
 """
@@ -489,7 +491,7 @@ def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_all(tmp_path):
   results = []
   for name, allowed in (("one", cpus[:1]), ("all", cpus)):
     path = tmp_path / f"{name}.npz"
-    env = {**os.environ, "PYTHONPATH": str(cpu_attention.SOURCE.parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(cpu_decoding.SOURCE.parent.parent)}
     env.pop("XLA_FLAGS", None)
     done = subprocess.run([sys.executable, str(script), str(path), ",".join(map(str, allowed))],
                           capture_output=True, text=True, env=env)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from decode.sampling import greedy, sample
-from kernels import cpu_attention
+from kernels import cpu_decoding
 
 BOS, EOS = 1, 2
 
@@ -104,11 +104,11 @@ def _python_greedy(model, chain, limit, min_len):
 
 
 def _extensions(name):
-  """None (the XLA ops) or "cpu": kernels/cpu_attention.py's custom call, which greedy uses on the CPU."""
+  """None (the XLA ops) or "cpu": kernels/cpu_decoding.py's custom call, which greedy uses on the CPU."""
   if name is None:
     return None
-  assert cpu_attention.available()
-  return cpu_attention.beam_extensions
+  assert cpu_decoding.available()
+  return cpu_decoding.beam_extensions
 
 
 @pytest.mark.parametrize("extensions", [None, "cpu"])

@@ -1,0 +1,145 @@
+"""Fused attention kernels beside the plain attention of model/attention.py, chosen by
+TransformerConfig.attention_impl (docs/accelerators.md, "Attention implementations"):
+
+  xla     model/attention.dot_product_attention, as the paper writes it (every platform)
+  cudnn   jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's flash attention (NVIDIA GPUs)
+  splash  Pallas TPU splash attention with segment ids, for packed batches (TPUs; on a CPU the same
+          kernel runs in Pallas interpret mode, slowly, which is how tests check it)
+  auto    cudnn on a GPU, splash on a TPU, xla on a CPU, decided by the platform the program is lowered
+          for (jax.lax.platform_dependent), not by the machine that traces it: a train step exported
+          from a CPU host for ("cuda", "tpu") carries cuDNN's and splash's kernels.
+
+The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
+segment ids (model.attention.PackedMask). A decoding step attends one query to the cache with the plain
+attention. Where a kernel cannot take what the model asks for (a score bias for splash, attention
+dropout, float32 for cuDNN, lengths that are not multiples of splash's blocks), that attention uses the
+plain one and says why once (logging, warning level where the kernel was asked for or would run).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+log = logging.getLogger(__name__)
+_SAID: set = set()
+SPLASH_BLOCKS = (512, 256, 128)   # splash's block sizes, largest first: a length must be a multiple of one
+
+
+def _say(impl: str, why: str, loud: bool) -> None:
+  """Logs once per process that `impl` is not used for an attention, and why."""
+  message = f"attention_impl={impl!r}: {why}; that attention uses XLA's (model/attention.py)"
+  if message not in _SAID:
+    _SAID.add(message)
+    log.log(logging.WARNING if loud else logging.INFO, message)
+
+
+def cudnn_unsupported(q, k, v, bias, dropout: bool) -> str | None:
+  """Why cuDNN's fused attention cannot compute this attention (None: it can)."""
+  if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"cuDNN's flash attention takes bfloat16 or float16, and this model computes in {jnp.dtype(q.dtype)}"
+  if dropout:
+    return "attention dropout (attention_dropout_rate > 0) is not in jax.nn.dot_product_attention"
+  if q.shape[-1] != v.shape[-1] or q.shape[-1] % 8 or q.shape[-1] > 128:
+    return f"cuDNN needs d_k = d_v, a multiple of 8 up to 128 (d_k={q.shape[-1]}, d_v={v.shape[-1]})"
+  return None
+
+
+def splash_unsupported(q, k, v, bias, dropout: bool) -> str | None:
+  """Why splash attention cannot compute this attention (None: it can)."""
+  if bias is not None:
+    return "splash attention adds no score bias (positions='alibi' or 'relative')"
+  if dropout:
+    return "splash attention has no attention dropout (attention_dropout_rate > 0)"
+  if q.shape[-1] != v.shape[-1]:
+    return f"splash attention needs d_k = d_v (d_k={q.shape[-1]}, d_v={v.shape[-1]})"
+  for name, length in (("query", q.shape[1]), ("key", k.shape[1])):
+    if length % SPLASH_BLOCKS[-1]:
+      return f"the {name} length {length} is not a multiple of {SPLASH_BLOCKS[-1]} (splash's blocks)"
+  return None
+
+
+def cudnn(q, k, v, mask, bias):
+  """cuDNN's flash attention. q [b, q_len, h, d]; k, v [b, kv_len, g, d] (g divides h); mask: a
+  model.attention.PackedMask; bias None or [b, h, q_len, kv_len]. Returns [b, q_len, h, d] in q's dtype.
+  Traces only where jax's CUDA plugin is installed (RuntimeError 'cuDNN is not detected' elsewhere)."""
+  bias = None if bias is None else bias.astype(q.dtype)
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask.dense, implementation="cudnn")
+
+
+@functools.lru_cache(maxsize=None)
+def _splash_kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret: bool):
+  block = lambda n: next(s for s in SPLASH_BLOCKS if n % s == 0)
+  bq, bkv = block(q_len), block(kv_len)
+  sizes = splash_kernel.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
+                                   block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+  shape = (q_len, kv_len)
+  one = splash_mask.CausalMask(shape) if causal else splash_mask.FullMask(shape)
+  return splash_kernel.make_splash_mha(splash_mask.MultiHeadMask([one] * heads), block_sizes=sizes,
+                                       head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def splash(q, k, v, mask, interpret: bool = False):
+  """Pallas TPU splash attention with the mask's segment ids (a packed batch's sentences see only
+  themselves; padding, segment 0, sees padding). q [b, q_len, h, d]; k, v [b, kv_len, g, d]; mask: a
+  model.attention.PackedMask. Returns [b, q_len, h, d] in q's dtype. interpret: Pallas interpret mode (any
+  platform, slow)."""
+  b, q_len, h, d = q.shape
+  if k.shape[2] != h:   # grouped or multi-query: each key/value head serves h/g query heads
+    k, v = jnp.repeat(k, h // k.shape[2], axis=2), jnp.repeat(v, h // k.shape[2], axis=2)
+  kernel = _splash_kernel(h, q_len, k.shape[1], mask.causal, interpret)
+  heads_first = lambda x: jnp.swapaxes(x, 0, 1)                              # [len, h, d] -> [h, len, d]
+
+  def one(q, k, v, q_segments, kv_segments):
+    ids = splash_kernel.SegmentIds(q=q_segments, kv=kv_segments)
+    return heads_first(kernel(heads_first(q), heads_first(k), heads_first(v), segment_ids=ids))
+
+  scaled = q * jnp.asarray(d ** -0.5, q.dtype)
+  return jax.vmap(one)(scaled, k, v, mask.q_segments.astype(jnp.int32), mask.kv_segments.astype(jnp.int32))
+
+
+def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable):
+  """The attention `impl` chooses, for the teacher-forced pass. reference(q, k, v) is the plain
+  attention (with the mask, bias and dropout closed over); the others read `mask` (a PackedMask) and
+  `bias`. Returns [b, q_len, h, d_v]."""
+  if impl == "xla":
+    return reference(q, k, v)
+  cudnn_why = cudnn_unsupported(q, k, v, bias, dropout)
+  splash_why = splash_unsupported(q, k, v, bias, dropout)
+  if impl == "cudnn":
+    if cudnn_why:
+      _say(impl, cudnn_why, loud=True)
+      return reference(q, k, v)
+    return cudnn(q, k, v, mask, bias)
+  if impl == "splash":
+    if splash_why:
+      _say(impl, splash_why, loud=True)
+      return reference(q, k, v)
+    # The TPU kernel where lowered for a TPU; elsewhere the same kernel in interpret mode (tests, CPU).
+    return jax.lax.platform_dependent(q, k, v, tpu=lambda q, k, v: splash(q, k, v, mask),
+                                      default=lambda q, k, v: splash(q, k, v, mask, interpret=True))
+  # auto: each platform's kernel, where it can take this attention.
+  backend = jax.default_backend()
+  branches = {}
+  if cudnn_why:
+    _say("auto", f"on a GPU, {cudnn_why}", loud=backend == "gpu")
+  else:
+    def on_gpu(q, k, v):
+      try:
+        return cudnn(q, k, v, mask, bias)
+      except RuntimeError as error:   # jax's CUDA plugin is not installed where this is traced
+        _say("auto", f"on a GPU, cuDNN cannot be traced here ({error})", loud=backend == "gpu")
+        return reference(q, k, v)
+    branches["cuda"] = on_gpu
+  if splash_why:
+    _say("auto", f"on a TPU, {splash_why}", loud=backend == "tpu")
+  else:
+    branches["tpu"] = lambda q, k, v: splash(q, k, v, mask)
+  if not branches:
+    return reference(q, k, v)
+  return jax.lax.platform_dependent(q, k, v, default=reference, **branches)
