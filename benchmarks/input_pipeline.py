@@ -155,7 +155,7 @@ def timed_run(command, workdir: pathlib.Path, cache: pathlib.Path, log: pathlib.
 def assembly(corpus: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, batches: int) -> dict:
   """Source + target tokens/s one process assembles from the warm cache: alone, and as each of two
   processes (its own rows only), for the run's packed 2,048-token batches and the paper's bucketed
-  25,000-token ones."""
+  25,000-token ones; `batches` batches a round, each process's best of 3 rounds."""
   os.environ["AIAYN_DATA_CACHE"] = str(cache)
   config = experiments.load_experiment("experiments/default.py:smoke")
   experiments.apply_overrides(config, [a.removeprefix("--config.") for a in train_command(corpus, workdir, 1)
@@ -166,10 +166,11 @@ def assembly(corpus: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, b
   for name, pack, batch_tokens in (("packed_2048", True, 2048), ("bucketed_25000", False, 25_000)):
     config.data.update(pack=pack, batch_tokens=batch_tokens)
     for count in (1, 2):
-      rates = [_assembly_rate(make_train_iterator(config.data, vocab, seed=0, row_multiple=8,
-                                                  process_index=p, process_count=count), batches)[0]
-               for p in range(count)]
-      out[f"{name}_{count}p"] = min(rates)   # the slower process of the two
+      # Each process's best of 3 rounds (the machine may be shared), then the slower process.
+      rates = [max(_assembly_rate(make_train_iterator(config.data, vocab, seed=0, row_multiple=8,
+                                                      process_index=p, process_count=count), batches)[0]
+                   for _ in range(3)) for p in range(count)]
+      out[f"{name}_{count}p"] = min(rates)
   return out
 
 

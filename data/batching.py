@@ -10,6 +10,10 @@ Padding rows (to keep shapes fixed) have all-zero segments and so carry no loss 
 
 Shapes come from a small fixed set (bucket lengths x rows per bucket, or one packed shape), so the jitted
 step compiles a bounded number of times.
+
+An epoch is planned from the pairs' length arrays alone (a Plan: a few integer arrays, whatever the
+corpus's size), and each process assembles only its own rows of a batch, reading the ids of only the
+pairs in them (data.tokens: flat arrays, memory-mapped from data/cache.py's on-disk corpus).
 """
 from __future__ import annotations
 
@@ -151,7 +155,8 @@ class Plan:
   row_bounds (packed; several pairs a row) or one pair a row (bucketed), padded to lengths[b]."""
 
   def __init__(self, members, first, last, lengths, row_bounds=None):
-    self.members, self.first, self.last, self.lengths, self.row_bounds = members, first, last, lengths, row_bounds
+    self.members, self.first, self.last = members, first, last
+    self.lengths, self.row_bounds = lengths, row_bounds
 
   def __len__(self) -> int:
     return len(self.first)

@@ -121,7 +121,8 @@ def _build(reader, vocab, path: pathlib.Path, split: str) -> None:
       for side, texts in zip(_SIDES, zip(*chunk)):
         ids = vocab.encode_batch(list(texts))
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())).tofile(files[f"{side}.ids"])
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum()))   # [tokens]
+        flat.tofile(files[f"{side}.ids"])
         (totals[side] + np.cumsum(lengths)).tofile(files[f"{side}.offsets"])
         np.minimum(lengths, 2 ** 31 - 1).astype(np.int32).tofile(files[f"{side}.lengths"])
         totals[side] += int(lengths.sum())
@@ -177,7 +178,8 @@ def train_vocab_cached(data_config):
   settings = {key: data_config.get(key, default) for key, default in (
       ("vocab_size", 0), ("vocab_seed", 0), ("vocab_sample_sentences", 0), ("vocab_model_type", "bpe"))}
   reader = open_split(data_config, "train")
-  path = cache_root(data_config) / f"vocab-{_key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values())}.model"
+  key = _key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values())
+  path = cache_root(data_config) / f"vocab-{key}.model"
   with _locked(path.with_suffix(".lock"), "the vocabulary"):
     if path.exists() and path.with_suffix(".json").exists():
       return path.read_bytes(), json.loads(path.with_suffix(".json").read_text())

@@ -98,7 +98,8 @@ def sequences(data_config, pairs):
       return src, src_len, tgt, tgt_len, None
     if task == "decoder_only_mt":
       seq, seq_len = join([(src, src_len), SEP, (tgt, tgt_len)])
-      weights, _ = join([(np.zeros(len(src), np.int32), src_len), 0, (np.ones(len(tgt), np.int32), tgt_len), 1])
+      zeros, ones = np.zeros(len(src), np.int32), np.ones(len(tgt), np.int32)
+      weights, _ = join([(zeros, src_len), 0, (ones, tgt_len), 1])
       return *none, seq, seq_len, weights
     text = (src, src_len) if side == "source" else (tgt, tgt_len)
     return (*none, *text, None) if task == "lm" else (*text, *none, None)

@@ -17,7 +17,7 @@ def ranges(starts, lengths):
   variable-length pieces reads, and where a scatter of them writes."""
   lengths = np.asarray(lengths, np.int64)
   total = int(lengths.sum())
-  firsts = np.cumsum(lengths) - lengths                            # [pieces] where each piece starts in the output
+  firsts = np.cumsum(lengths) - lengths                            # [pieces] where each starts in the output
   return np.repeat(np.asarray(starts, np.int64) - firsts, lengths) + np.arange(total, dtype=np.int64)
 
 
@@ -62,7 +62,7 @@ class Side:
 
 def length_dtype(offsets):
   longest = int(np.diff(offsets).max(initial=0)) if len(offsets) > 1 else 0
-  return np.uint16 if longest < 2 ** 16 else np.int32
+  return np.uint16 if longest < 2 ** 16 - 8 else np.int32   # room for the few ids a task adds
 
 
 class TokenPairs:

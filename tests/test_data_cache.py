@@ -153,7 +153,8 @@ def test_processes_waiting_on_the_lock_read_the_cache_one_of_them_made(corpus, t
     build(*args)
   monkeypatch.setattr(cache, "_build", slow_build)
   out = [None, None]
-  threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, tokenized(config, vocab))) for i in (0, 1)]
+  read = lambda i: out.__setitem__(i, tokenized(config, vocab))
+  threads = [threading.Thread(target=read, args=(i,)) for i in (0, 1)]
   for thread in threads:
     thread.start()
   for thread in threads:
