@@ -117,7 +117,7 @@ def write_report(study, workdir: pathlib.Path, config_spec: str, shared, metric:
     if not any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
       break
     try:
-      axes = plot(study)
+      axes = plot(study) if name == "dev_by_step.png" else plot(study, target_name=metric)
     except ValueError:   # e.g. no parameter to plot
       continue
     figure = getattr(axes, "figure", None) or axes.flat[0].figure
