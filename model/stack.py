@@ -73,37 +73,39 @@ def check_unrolled(cfg: TransformerConfig, what: str) -> None:
                      f"layout: model, params = model.stack.unrolled(model, params) (run.load_run does it)")
 
 
-def _num_layers(cfg: TransformerConfig, stack: str) -> int:
-  return cfg.num_encoder_stack_layers if stack == "encoder" else cfg.num_decoder_stack_layers
+def _layer_index(name: str) -> int | None:
+  prefix, _, index = name.rpartition("_")
+  return int(index) if prefix == SCANNED and index.isdigit() else None
 
 
-def unroll_params(cfg: TransformerConfig, params):
+def unroll_params(params):
   """A parameter tree in the scanned layout -> the unrolled one (unchanged where already unrolled).
 
   params[stack]['layers'] leaves [num_layers, ...] -> params[stack]['layers_i'] leaves [...]. Works on
-  any tree of that structure (optimizer moments too) and on host or device arrays."""
+  any tree of that structure (Adam's moments too) and on host or device arrays."""
   params = dict(params)
-  for stack in STACKS:
-    if stack in params and SCANNED in params[stack]:
-      part = dict(params[stack])
+  for name in STACKS:
+    if name in params and SCANNED in params[name]:
+      part = dict(params[name])
       stacked = part.pop(SCANNED)
-      for i in range(_num_layers(cfg, stack)):
+      for i in range(jax.tree_util.tree_leaves(stacked)[0].shape[0]):
         part[f"{SCANNED}_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], stacked)
-      params[stack] = part
+      params[name] = part
   return params
 
 
-def scan_params(cfg: TransformerConfig, params):
+def scan_params(params):
   """The inverse of `unroll_params`: params[stack]['layers_i'] -> params[stack]['layers'] stacked, as
   host (numpy) arrays."""
   params = dict(params)
-  for stack in STACKS:
-    n = _num_layers(cfg, stack)
-    if stack in params and n and f"{SCANNED}_0" in params[stack]:
-      part = dict(params[stack])
-      layers = [part.pop(f"{SCANNED}_{i}") for i in range(n)]
-      part[SCANNED] = jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *layers)
-      params[stack] = part
+  for name in STACKS:
+    if name in params:
+      part = dict(params[name])
+      indices = sorted(i for i in map(_layer_index, part) if i is not None)
+      if indices:
+        layers = [part.pop(f"{SCANNED}_{i}") for i in indices]
+        part[SCANNED] = jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *layers)
+        params[name] = part
   return params
 
 
@@ -111,4 +113,4 @@ def unrolled(model, params):
   """(model, params) -> the same model with scan_layers=False and its parameters in that layout."""
   if not model.cfg.scan_layers:
     return model, params
-  return type(model)(model.cfg.replace(scan_layers=False)), unroll_params(model.cfg, params)
+  return type(model)(model.cfg.replace(scan_layers=False)), unroll_params(params)

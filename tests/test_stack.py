@@ -55,16 +55,16 @@ def test_remat_gives_the_gradients_of_none_with_dropout():
 def test_scanned_layers_equal_unrolled():
   unrolled = _init(CFG)
   cfg = CFG.replace(scan_layers=True, remat="full")
-  scanned = stack.scan_params(CFG, unrolled)
+  scanned = stack.scan_params(unrolled)
   assert set(scanned["encoder"]) == {"embed", "layers"} - ({"embed"} - set(unrolled["encoder"]))
   assert jax.tree_util.tree_structure(scanned) == jax.tree_util.tree_structure(_init(cfg))
   assert scanned["decoder"]["layers"]["ffn"]["wi"]["kernel"].shape == (3, 32, 64)   # [layers, d, d_ff]
-  back = stack.unroll_params(cfg, scanned)
+  back = stack.unroll_params(scanned)
   for x, y in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(unrolled)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   np.testing.assert_allclose(Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              Transformer(CFG).apply({"params": unrolled}, SRC, TGT), atol=1e-5)
-  grads = stack.unroll_params(cfg, _grads(cfg, scanned, True))
+  grads = stack.unroll_params(_grads(cfg, scanned, True))
   _assert_trees_close(grads, _grads(CFG, unrolled, True))
 
 
@@ -72,7 +72,7 @@ def test_scanned_family_equals_unrolled():
   base = CFG.replace(arch="decoder_only", positions="relative", pre_norm=True, num_kv_heads=2)
   unrolled = Transformer(base).init(jax.random.key(0), SRC, TGT)["params"]
   cfg = base.replace(scan_layers=True)
-  scanned = stack.scan_params(base, unrolled)
+  scanned = stack.scan_params(unrolled)
   np.testing.assert_allclose(Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              Transformer(base).apply({"params": unrolled}, SRC, TGT), atol=1e-5)
 

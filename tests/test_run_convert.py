@@ -1,0 +1,65 @@
+"""`python -m run.convert`: a run rewritten in the scanned or the unrolled layout resumes and decodes."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from model import Transformer, TransformerConfig, stack
+from run import checkpoint as ckpt
+from run.convert import convert_run, main
+
+CFG = TransformerConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=2,
+                        num_decoder_layers=3, max_len=16, kernels="reference")
+
+
+def _abstract(tree):
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+
+
+def _equal(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_convert_to_scanned_and_back(tmp_path):
+  ids = jnp.ones((1, 3), jnp.int32)
+  params = Transformer(CFG).init(jax.random.key(0), ids, ids)["params"]
+  tx = optax.adam(1e-3)
+  _, opt_state = tx.update(params, tx.init(params), params)   # moments that differ layer by layer
+  run = tmp_path / "run"
+  run.mkdir()
+  config = {"seed": 0, "model": {"d_model": 16, "scan_layers": False}, "data": {}, "train": {}}
+  (run / "config.json").write_text(json.dumps(config))
+  (run / "metrics.jsonl").write_text('{"step": 3, "train/loss": 1.5}\n')
+  manager = ckpt.make_manager(run, async_save=False)
+  ckpt.save(manager, 3, params, opt_state, {"step": 3, "rng": [1, 2]})
+  manager.close()
+
+  main(["--workdir", str(run), "--out", str(tmp_path / "scanned"), "--scan_layers=True"])
+  scanned_dir = tmp_path / "scanned"
+  assert json.loads((scanned_dir / "config.json").read_text())["model"] == {"d_model": 16, "scan_layers": True}
+  assert (scanned_dir / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
+  # What resuming does: restore into the scanned model's own abstract state.
+  scanned_model = Transformer(CFG.replace(scan_layers=True))
+  abstract_params = jax.eval_shape(lambda: scanned_model.init(jax.random.key(0), ids, ids)["params"])
+  abstract_params = _abstract(abstract_params)
+  abstract_opt = _abstract(jax.eval_shape(tx.init, abstract_params))
+  reader = ckpt.make_manager(scanned_dir, read_only=True)
+  got_params, got_opt, meta, reader = ckpt.restore_latest(scanned_dir, reader, abstract_params, abstract_opt)
+  reader.close()
+  assert meta == {"step": 3, "rng": [1, 2]}
+  assert got_params["decoder"]["layers"]["ffn"]["wo"]["kernel"].shape == (3, 32, 16)
+  _equal(got_params, stack.scan_params(params))
+  _equal(got_opt[0].mu, stack.scan_params(opt_state[0].mu))
+
+  with pytest.raises(FileExistsError):
+    convert_run(scanned_dir, run, False)
+  assert convert_run(scanned_dir, tmp_path / "back", False) == ["checkpoints/3"]
+  back, step = ckpt.load_params(tmp_path / "back")
+  assert step == 3
+  _equal(back, params)
