@@ -94,6 +94,7 @@ def get_config(arg=None):
       num_samples=3,               # sample translations printed at the end
       tensorboard=True,            # event files in workdir/tb
       progress=True,               # tqdm progress bar on the console
+      peak_flops=0.0,              # per device, for MFU; 0: the data sheet's (GPU, TPU) or measured (CPU)
   ))
 
   # Decoding (owned by decode/).

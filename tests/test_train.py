@@ -75,6 +75,7 @@ def test_loss_falls_on_the_embedded_corpus(tmp_path):
   for key in ("train/nll", "train/ppl", "train/accuracy", "train/learning_rate", "train/grad_norm",
               "train/param_norm", "train/tokens", "train/tokens_per_sec"):
     assert np.isfinite(train[-1][key]), key
+  assert train[-1]["train/model_flops_per_step"] > 0 and 0 < train[-1]["train/mfu"] < 1   # train/flops.py
   # The run directory holds everything needed to decode and to resume.
   for name in ("config.json", "vocab.model", "versions.json", "LOCK", "metrics.jsonl"):
     assert (tmp_path / name).is_file(), name

@@ -41,14 +41,15 @@ from run import checkpoint_arg, get_vocab, model_config
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run.mesh import make_mesh
 from run.user_errors import UserError
-from train import multihost, schedules
+from train import flops as flops_lib, multihost, schedules
 from train.average import average_checkpoints
 from train import step as step_lib
 from train.optimizer import make_optimizer
 from train.signals import SignalFlag
 
 # Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
-TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds")
+TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds",
+               "train/model_flops_per_sec", "train/mfu")
 
 
 class NonFiniteError(RuntimeError):
@@ -187,6 +188,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   schedule = schedules.make_schedule(tc, config.model.d_model)
   tx = make_optimizer(tc, schedule)
   abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
+  # MFU (train/flops.py): this process's model FLOPs over its devices' peak.
+  meter = flops_lib.Meter(model.cfg, flops_lib.peak_flops(jax.local_devices(), model.cfg,
+                                                          float(tc.get("peak_flops", 0.0)))[0],
+                          processes=jax.process_count())
 
   # ------------------------------------------------------------------------------------------------
   # State: resume > init_checkpoint > scratch (see the module docstring).
@@ -306,6 +311,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   try:
     while step < num_steps and not stop and not early["stopped"]:
       batch = next(train_iter)
+      meter.add(batch)
       state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
       pending.append(metrics)
       step += 1
@@ -325,9 +331,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         line["train/tgt_tokens_per_batch"] = tokens / len(host)
         line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
         line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
+        line.update(meter.report(now - last_log_time))
         writer.write(step, line)
         bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
-                        tok_s=f"{line['train/tokens_per_sec']:.0f}")
+                        tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
         pending = []
         last_log_time, last_log_step = time.time(), step
 

@@ -1,0 +1,197 @@
+"""Model FLOPs per training step, the devices' peak, and MFU (docs/accelerators.md, "MFU").
+
+    flops = train_step_flops(cfg, rows, src_len, tgt_len)      # from the config and the batch shape
+    peak = peak_flops(jax.devices(), cfg, override=config.train.peak_flops)
+    meter = Meter(cfg, peak); meter.add(batch) per step; meter.report(seconds) per log line
+
+Model FLOPs count the matmuls of the forward pass, times 3 for the backward pass (each product has two
+gradient products of its size), over the batch's padded shape [rows, len], as the compiled step
+computes them: causal self-attention counts its full [len, len] scores, and remat's recomputation is not
+counted (it is hardware FLOPs, not model FLOPs). MFU = model FLOPs per second / the devices' peak.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model import TransformerConfig
+from model.config import as_dtype
+
+# Dense (no sparsity) peak matmul FLOP/s per device, from the vendors' data sheets (docs/accelerators.md
+# cites them). float32 is what XLA runs a float32 matmul at by default: TF32 tensor cores on NVIDIA
+# GPUs, one bfloat16 pass on TPUs (jax_default_matmul_precision='highest' is slower than this peak).
+# Keys are matched against jax's device_kind, most specific first.
+PEAKS = (
+    ("H100 PCIe", {"bfloat16": 756e12, "float32": 378e12}),
+    ("H100", {"bfloat16": 989e12, "float32": 495e12}),       # SXM5
+    ("A100", {"bfloat16": 312e12, "float32": 156e12}),
+    ("L4", {"bfloat16": 121e12, "float32": 60e12}),
+    ("TPU v4", {"bfloat16": 275e12, "float32": 275e12}),
+    ("TPU v5 lite", {"bfloat16": 197e12, "float32": 197e12}),   # v5e
+    ("TPU v5e", {"bfloat16": 197e12, "float32": 197e12}),
+    ("TPU v5p", {"bfloat16": 459e12, "float32": 459e12}),
+    ("TPU v5", {"bfloat16": 459e12, "float32": 459e12}),        # v5p reports "TPU v5"
+    ("TPU v6 lite", {"bfloat16": 918e12, "float32": 918e12}),   # v6e (Trillium)
+    ("TPU v6e", {"bfloat16": 918e12, "float32": 918e12}),
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Model FLOPs.
+# ----------------------------------------------------------------------------------------------------
+def _attention(cfg: TransformerConfig, q: int, kv: int) -> int:
+  """Matmul FLOPs of one attention sub-layer: q queries over kv keys and values (one row)."""
+  d, h, g, dk, dv = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_k, cfg.head_dim_v
+  projections = 2 * q * d * h * dk + 2 * kv * d * g * (dk + dv) + 2 * q * h * dv * d   # Q; K, V; output
+  return projections + 2 * q * kv * h * (dk + dv)                                    # scores; weighted values
+
+
+def _ffn(cfg: TransformerConfig, n: int) -> int:
+  inputs = 2 if cfg.activation in ("swiglu", "geglu") else 1
+  return 2 * n * cfg.d_model * cfg.d_ff * (inputs + 1)
+
+
+def forward_flops(cfg: TransformerConfig, src_len: int, tgt_len: int) -> int:
+  """Matmul FLOPs of the forward pass over one row of src_len source and tgt_len target positions."""
+  d, vocab = cfg.d_model, cfg.vocab_size
+  total = 0
+  if cfg.arch != "decoder_only":
+    total += cfg.num_encoder_stack_layers * (_attention(cfg, src_len, src_len) + _ffn(cfg, src_len))
+  if cfg.arch == "encoder_only":
+    return total + 2 * src_len * d * d + 2 * src_len * d * vocab   # MLM head: transform, output
+  cross = _attention(cfg, tgt_len, src_len) if cfg.arch == "encoder_decoder" else 0
+  total += cfg.num_decoder_stack_layers * (_attention(cfg, tgt_len, tgt_len) + cross + _ffn(cfg, tgt_len))
+  return total + 2 * tgt_len * d * vocab                            # logits
+
+
+def train_step_flops(cfg: TransformerConfig, rows: int, src_len: int, tgt_len: int) -> int:
+  """Model FLOPs of one training step on a batch [rows, src_len] / [rows, tgt_len]: 3x the forward."""
+  return 3 * rows * forward_flops(cfg, src_len, tgt_len)
+
+
+def batch_flops(cfg: TransformerConfig, batch) -> int:
+  """train_step_flops for a batch dict (its 'src' and 'tgt_in' shapes; decoder-only reads tgt_in)."""
+  rows, tgt_len = np.shape(batch["tgt_in"])
+  src_len = np.shape(batch["src"])[1] if "src" in batch else 0
+  return train_step_flops(cfg, rows, src_len, tgt_len)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Peak.
+# ----------------------------------------------------------------------------------------------------
+def compute_dtype(cfg: TransformerConfig) -> str:
+  """'bfloat16' where the matmul operands are 16-bit, else 'float32'."""
+  dtype = as_dtype(cfg.matmul_dtype) if cfg.matmul_dtype is not None else as_dtype(cfg.dtype)
+  return "float32" if dtype == jnp.float32 else "bfloat16"
+
+
+def table_peak(device_kind: str, dtype: str) -> float | None:
+  """The data-sheet peak of one device of this kind, or None for a kind the table does not know."""
+  for name, peaks in PEAKS:
+    if name.lower() in device_kind.lower():
+      return peaks[dtype]
+  return None
+
+
+def _cache_file() -> pathlib.Path:
+  root = os.environ.get("AIAYN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                       os.path.expanduser("~/.cache"), "aiayn")
+  return pathlib.Path(root) / "peak_flops.json"
+
+
+def _cpu_name() -> str:
+  try:
+    for line in open("/proc/cpuinfo"):
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def probe_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
+  """The best FLOP/s of a [size, size] x [size, size] matmul on the first device, out of `repeats`."""
+  device = jax.devices()[0]
+  a = jax.device_put(jnp.ones((size, size), dtype), device)
+  matmul = jax.jit(lambda a, b: a @ b)
+  matmul(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best
+
+
+def measured_peak(dtype: str) -> float:
+  """The CPU's matmul peak in `dtype`, probed once per CPU model, core count and jax version and cached
+  in ~/.cache/aiayn/peak_flops.json ($AIAYN_CACHE): a machine busy at the first probe keeps its low
+  number until the file is deleted."""
+  key = f"{_cpu_name()}|{os.cpu_count()} cpus|jax {jax.__version__}|{dtype}"
+  path = _cache_file()
+  try:
+    cached = json.loads(path.read_text())
+  except (OSError, ValueError):
+    cached = {}
+  if key not in cached:
+    cached[key] = probe_peak(dtype)
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      tmp = path.with_suffix(f".tmp{os.getpid()}")
+      tmp.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
+      tmp.replace(path)
+    except OSError:
+      pass   # a read-only home: probe again next time
+  return float(cached[key])
+
+
+def peak_flops(devices, cfg: TransformerConfig, override: float = 0.0) -> tuple[float, str]:
+  """The peak FLOP/s of `devices` together for cfg's matmul dtype -> (FLOP/s, where it came from).
+
+  override > 0: that many FLOP/s per device (config.train.peak_flops). A CPU's fake devices share the
+  host, so its peak is the host's, measured once (`measured_peak`). An accelerator the table lacks: 0.
+  """
+  devices = list(devices)
+  dtype = compute_dtype(cfg)
+  if override and override > 0:
+    return float(override) * len(devices), "config.train.peak_flops"
+  if devices[0].platform == "cpu":
+    return measured_peak(dtype), f"measured {dtype} matmul on this CPU"
+  per_device = table_peak(devices[0].device_kind, dtype)
+  if per_device is None:
+    return 0.0, f"unknown device {devices[0].device_kind!r}: set config.train.peak_flops"
+  return per_device * len(devices), f"{devices[0].device_kind} {dtype} data sheet x {len(devices)}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The training loop's meter.
+# ----------------------------------------------------------------------------------------------------
+class Meter:
+  """Adds up model FLOPs of the steps between two log lines; `report` turns them into metrics.
+
+  peak: of the devices whose rows `add` sees (this process's); processes: how many processes share the
+  step equally, so that model_flops_per_step is the whole step's."""
+
+  def __init__(self, cfg: TransformerConfig, peak: float, processes: int = 1):
+    self.cfg, self.peak, self.processes = cfg, peak, processes
+    self.flops, self.steps = 0, 0
+
+  def add(self, batch) -> None:
+    self.flops += batch_flops(self.cfg, batch)
+    self.steps += 1
+
+  def report(self, seconds: float) -> dict:
+    """{'train/model_flops_per_step', 'train/model_flops_per_sec', 'train/mfu'} since the last report."""
+    per_sec = self.flops / max(seconds, 1e-9)
+    out = {"train/model_flops_per_step": self.processes * self.flops / max(self.steps, 1),
+           "train/model_flops_per_sec": self.processes * per_sec,
+           "train/mfu": per_sec / self.peak if self.peak else 0.0}
+    self.flops, self.steps = 0, 0
+    return out
