@@ -45,7 +45,7 @@ FAKE_TRAINER = textwrap.dedent("""
       for step in range(start + 1, steps + 1):
         time.sleep(float(os.environ.get("FAKE_STEP_SECONDS", "0.1")))
         loss = 2.0 + abs(math.log10(lr) + 2.0) + 1.0 / step
-        f.write(json.dumps({"step": step, "eval/loss": loss, "eval/bleu": 30.0 - loss}) + "\\n")
+        f.write(json.dumps({"step": step, "eval/loss": loss + 0.1, "eval/nll": loss, "eval/bleu": 30.0 - loss}) + "\\n")
         f.flush()
         if stop:
           break
@@ -99,7 +99,7 @@ def test_study_prunes_reports_and_resumes(tmp_path, fake, capsys):
   assert [t.number for t in study.trials] == list(range(6))
   rows = _csv(out)
   assert [r["status"] for r in rows][:counts["complete"]] == ["complete"] * counts["complete"]
-  complete = [float(r["dev_loss"]) for r in rows if r["status"] == "complete"]
+  complete = [float(r["dev_nll"]) for r in rows if r["status"] == "complete"]
   assert complete == sorted(complete) and complete[0] == pytest.approx(study.best_value)
   for r in rows:
     trial_dir = out / r["run_dir"]

@@ -1,7 +1,7 @@
 """`python -m train.search`: an Optuna study over an experiment's search space, each trial a normal run.
 
     python -m train.search --config experiments/small_corpus.py --workdir runs/search --trials 24 \\
-        [--parallel 2] [--metric dev_loss|dev_bleu] [--sampler tpe|qmc|random] \\
+        [--parallel 2] [--metric dev_nll|dev_loss|dev_bleu] [--sampler tpe|qmc|random] \\
         [--pruner hyperband|halving|median|none] [--storage URL] [--launcher local|slurm ...] \\
         [--config.KEY=VALUE ...]
 
@@ -221,7 +221,7 @@ class _Search:
       self.progress = line
 
 
-def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, shared=(), metric="dev_loss",
+def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, shared=(), metric="dev_nll",
                sampler="tpe", pruner="hyperband", storage=None, seed=None, start=search_trial.start_local,
                trainer=sweep.TRAINER, poll_seconds=0.5, stale_after=STALE_AFTER, baseline_first=False,
                out=None) -> dict:
@@ -245,7 +245,7 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
   fixed = {key: search_trial.config_value(config, key) for key in (s.split("=", 1)[0] for s in fixed_list)}
   if metric == "dev_bleu" and not int(config.train.bleu_every):
     raise UserError("--metric dev_bleu needs periodic dev BLEU: fix --config.train.bleu_every=N (a "
-                    "multiple of eval_every), or use --metric dev_loss")
+                    "multiple of eval_every), or use --metric dev_nll")
   workdir.mkdir(parents=True, exist_ok=True)
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -301,8 +301,9 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True, help="study directory; trial N runs in DIR/trial_NNNN")
   parser.add_argument("--trials", type=int, required=True, help="the study's total number of trials")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once in this worker (default 1)")
-  parser.add_argument("--metric", choices=tuple(search_trial.METRICS), default="dev_loss",
-                      help="what the study optimizes, from each evaluation (default dev_loss)")
+  parser.add_argument("--metric", choices=tuple(search_trial.METRICS), default="dev_nll",
+                      help="what the study optimizes, from each evaluation (default dev_nll: the dev loss "
+                           "without label smoothing)")
   parser.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="default tpe; qmc: scrambled Sobol")
   parser.add_argument("--pruner", choices=PRUNERS, default="hyperband", help="default hyperband")
   parser.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")

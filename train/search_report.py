@@ -8,6 +8,7 @@ import csv
 import pathlib
 import shlex
 import time
+import warnings
 
 import matplotlib
 
@@ -117,7 +118,9 @@ def write_report(study, workdir: pathlib.Path, config_spec: str, shared, metric:
     if not any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
       break
     try:
-      axes = plot(study) if name == "dev_by_step.png" else plot(study, target_name=metric)
+      with warnings.catch_warnings():   # a single point's axis limits, experimental API
+        warnings.simplefilter("ignore")
+        axes = plot(study) if name == "dev_by_step.png" else plot(study, target_name=metric)
     except ValueError:   # e.g. no parameter to plot
       continue
     figure = getattr(axes, "figure", None) or axes.flat[0].figure

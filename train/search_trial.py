@@ -29,8 +29,11 @@ from run.user_errors import UserError
 from run.workdir import RunDirLocked, RunLock
 from train import slurm, sweep
 
-# --metric: the metrics.jsonl key each evaluation writes, and which way is better.
-METRICS = {"dev_loss": ("eval/loss", "minimize"), "dev_bleu": ("eval/bleu", "maximize")}
+# --metric: the metrics.jsonl key each evaluation writes, and which way is better. dev_nll is the dev loss
+# without label smoothing (comparable across label_smoothing values; per target token, so not across
+# vocabularies: a space that changes the vocabulary wants dev_bleu); dev_loss includes the smoothing.
+METRICS = {"dev_nll": ("eval/nll", "minimize"), "dev_loss": ("eval/loss", "minimize"),
+           "dev_bleu": ("eval/bleu", "maximize")}
 HEARTBEAT = "search_heartbeat"   # in the trial's run directory: touched by the worker that follows it
 _SUGGEST = ("suggest_float", "suggest_int", "suggest_categorical", "suggest_uniform", "suggest_loguniform",
             "suggest_discrete_uniform")
