@@ -152,11 +152,10 @@ class MultiHeadAttention(nn.Module):
     dense = mask.dense if isinstance(mask, PackedMask) else mask
     if self.is_mutable_collection("intermediates"):   # decode/attention_maps.py asks; training never does
       self.sow("intermediates", "attention_weights", attention_weights(q, k, dense, bias))
-    reference = lambda q, k, v: dot_product_attention(q, k, v, dense, dtype=self.dtype,
-                                                      dot_general=self.dot_general, dropout=dropout,
-                                                      bias=bias)
+    reference = lambda q, k, v, mask, bias: dot_product_attention(
+        q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias)
     if not isinstance(mask, PackedMask):   # a decoding step: one query against the cache
-      return reference(q, k, v)
+      return reference(q, k, v, mask, bias)
     return fused_attention.attention(self.impl, q, k, v, mask, bias, dropout is not None,
                                      reference).astype(self.dtype)
 

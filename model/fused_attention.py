@@ -17,7 +17,6 @@ plain one and says why once (logging, warning level where the kernel was asked f
 """
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Callable
 
@@ -72,7 +71,6 @@ def cudnn(q, k, v, mask, bias):
   return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask.dense, implementation="cudnn")
 
 
-@functools.lru_cache(maxsize=None)
 def _splash_kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret: bool):
   block = lambda n: next(s for s in SPLASH_BLOCKS if n % s == 0)
   bq, bkv = block(q_len), block(kv_len)
@@ -104,42 +102,48 @@ def splash(q, k, v, mask, interpret: bool = False):
 
 
 def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable):
-  """The attention `impl` chooses, for the teacher-forced pass. reference(q, k, v) is the plain
-  attention (with the mask, bias and dropout closed over); the others read `mask` (a PackedMask) and
-  `bias`. Returns [b, q_len, h, d_v]."""
+  """The attention `impl` chooses, for the teacher-forced pass. q [b, q_len, h, d_k]; k, v
+  [b, kv_len, g, d]; mask: a model.attention.PackedMask; bias: None or float [b, h, q_len, kv_len];
+  dropout: whether the attention weights take dropout (the kernels do not). reference(q, k, v, mask,
+  bias) is the plain attention. Returns [b, q_len, h, d_v].
+
+  Each branch takes everything as arguments (no closed-over arrays): jax.export's bookkeeping of a
+  program's arguments breaks on arrays that a platform_dependent branch closes over."""
   if impl == "xla":
-    return reference(q, k, v)
+    return reference(q, k, v, mask, bias)
   cudnn_why = cudnn_unsupported(q, k, v, bias, dropout)
   splash_why = splash_unsupported(q, k, v, bias, dropout)
+  on_tpu = lambda q, k, v, mask, bias: splash(q, k, v, mask)
+  args = (q, k, v, mask, bias)
   if impl == "cudnn":
     if cudnn_why:
       _say(impl, cudnn_why, loud=True)
-      return reference(q, k, v)
-    return cudnn(q, k, v, mask, bias)
+      return reference(*args)
+    return cudnn(*args)
   if impl == "splash":
     if splash_why:
       _say(impl, splash_why, loud=True)
-      return reference(q, k, v)
+      return reference(*args)
     # The TPU kernel where lowered for a TPU; elsewhere the same kernel in interpret mode (tests, CPU).
-    return jax.lax.platform_dependent(q, k, v, tpu=lambda q, k, v: splash(q, k, v, mask),
-                                      default=lambda q, k, v: splash(q, k, v, mask, interpret=True))
+    return jax.lax.platform_dependent(
+        *args, tpu=on_tpu, default=lambda q, k, v, mask, bias: splash(q, k, v, mask, interpret=True))
   # auto: each platform's kernel, where it can take this attention.
   backend = jax.default_backend()
   branches = {}
   if cudnn_why:
     _say("auto", f"on a GPU, {cudnn_why}", loud=backend == "gpu")
   else:
-    def on_gpu(q, k, v):
+    def on_gpu(*args):
       try:
-        return cudnn(q, k, v, mask, bias)
+        return cudnn(*args)
       except RuntimeError as error:   # jax's CUDA plugin is not installed where this is traced
         _say("auto", f"on a GPU, cuDNN cannot be traced here ({error})", loud=backend == "gpu")
-        return reference(q, k, v)
+        return reference(*args)
     branches["cuda"] = on_gpu
   if splash_why:
     _say("auto", f"on a TPU, {splash_why}", loud=backend == "tpu")
   else:
-    branches["tpu"] = lambda q, k, v: splash(q, k, v, mask)
+    branches["tpu"] = on_tpu
   if not branches:
-    return reference(q, k, v)
-  return jax.lax.platform_dependent(q, k, v, default=reference, **branches)
+    return reference(*args)
+  return jax.lax.platform_dependent(*args, default=reference, **branches)

@@ -1,0 +1,135 @@
+"""What GPU and TPU users run lowers for them, from this CPU host, with the default kernels="auto" and
+attention_impl="auto": the train step of the base and big models in bfloat16, the eval step, beam search
+and greedy search, exported with jax.export (lowering only: nothing is compiled). None carries a custom
+call of the CPU decoding backend (kernels/cpu_decoding.py), although tracing them here chooses that
+backend: each of its calls is resolved where the program is lowered.
+
+The train and eval steps are exported for "cuda" and for "tpu" one at a time, as a user compiling ahead
+of time for one kind of machine does: their attention takes Pallas's splash kernel on a TPU, and JAX
+lowers a Pallas TPU kernel for no other platform, so one program for both would fail to lower
+(docs/accelerators.md). The searches, whose lengths splash does not take here, go for both at once.
+"""
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import export
+
+from data.batching import BATCH_KEYS
+from decode import translate as translate_lib
+from kernels import cpu_decoding
+from model import Transformer, TransformerConfig, config as config_lib
+from train import step as step_lib
+
+PLATFORMS = ("cuda", "tpu")
+OURS = tuple(cpu_decoding.TARGETS)   # aiayn_slot_attention, aiayn_panel_matmul, ...
+HAS = {f.name for f in dataclasses.fields(TransformerConfig)}
+REMAT = ("none", "minimal", "full") if "remat" in HAS else ("none",)
+SCAN = (False, True) if "scan_layers" in HAS else (False,)
+
+
+def _custom_calls(module_text: str) -> set:
+  return set(re.findall(r"custom_call @([\w$.]+)", module_text))
+
+
+def _lower(fn, *args, platforms=PLATFORMS, allow=()) -> str:
+  """fn (jitted) exported for `platforms` on these abstract arguments -> its StableHLO text."""
+  checks = [export.DisabledSafetyCheck.custom_call(name) for name in allow]
+  return export.export(fn, platforms=platforms, disabled_checks=checks)(*args).mlir_module()
+
+
+def _assert_none_of_ours(text: str):
+  ours = sorted(c for c in _custom_calls(text) if c in OURS or c.startswith("aiayn"))
+  assert not ours, f"the CPU decoding backend's custom calls reached a GPU/TPU program: {ours}"
+
+
+def _model(preset: str, **changes) -> Transformer:
+  cfg = config_lib.PRESETS[preset](**changes)
+  assert cfg.kernels == "auto" and cfg.attention_impl == "auto"   # the defaults, as a user has them
+  return Transformer(cfg)
+
+
+def _abstract_batch(rows: int, length: int) -> dict:
+  return {key: jax.ShapeDtypeStruct((rows, length), jnp.int32) for key in BATCH_KEYS}
+
+
+def _abstract_params(model: Transformer):
+  ids = jnp.ones((1, 2), jnp.int32)
+  return jax.eval_shape(lambda: model.init({"params": jax.random.key(0)}, ids, ids)["params"])
+
+
+def _train_step_texts(model, rows=8, length=256) -> dict:
+  """{platform: the train step's StableHLO lowered for it}, for "cuda" and "tpu"."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  schedule = lambda step: 1e-3
+  tx = optax.adam(schedule)
+  state, _ = step_lib.abstract_state(model, tx, mesh)
+  # train_step as jit_train_step jits it, less the donation (which jax.export does not take)
+  step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
+                                   label_smoothing=0.1))
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  return {p: _lower(step, state, _abstract_batch(rows, length), rng, platforms=(p,)) for p in PLATFORMS}
+
+
+# The default suite lowers a representative few (bfloat16 throughout, as on an accelerator); `-m slow`
+# every remat x scan setting of both sizes.
+_FAST = {("base", "none", False), ("big", REMAT[-1], SCAN[-1])}
+_CASES = [pytest.param(preset, remat, scan, marks=() if (preset, remat, scan) in _FAST else pytest.mark.slow,
+                       id=f"{preset}-remat_{remat}-{'scanned' if scan else 'unrolled'}")
+          for preset in ("base", "big") for remat in REMAT for scan in SCAN]
+
+
+@pytest.mark.parametrize("preset, remat, scan", _CASES)
+def test_train_step_lowers_for_gpu_and_tpu_without_cpu_kernels(preset, remat, scan):
+  changes = dict(dtype="bfloat16")
+  if "remat" in HAS:
+    changes.update(remat=remat, scan_layers=scan)
+  texts = _train_step_texts(_model(preset, **changes))
+  for text in texts.values():
+    _assert_none_of_ours(text)
+  # attention_impl="auto" chose splash attention where lowered for a TPU (lengths of 256: whole blocks).
+  assert "tpu_custom_call" in _custom_calls(texts["tpu"])
+  assert "tpu_custom_call" not in _custom_calls(texts["cuda"])
+
+
+def test_eval_step_lowers_for_gpu_and_tpu_without_cpu_kernels():
+  model = _model("base", dtype="bfloat16")
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  params = _abstract_params(model)
+  shardings = jax.tree_util.tree_map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                                     params)
+  step = step_lib.jit_eval_step(model, mesh, shardings, label_smoothing=0.1)
+  for platform in PLATFORMS:
+    _assert_none_of_ours(_lower(step, params, _abstract_batch(8, 256), platforms=(platform,)))
+
+
+def _search_text(cfg, beam_size, sampling=(), platforms=PLATFORMS, allow=()):
+  model = Transformer(cfg)
+  search = translate_lib.search_fn(cfg, beam_size, 0.6, 0, 24, sampling)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  src, limits = jax.ShapeDtypeStruct((4, 16), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32)
+  return _lower(search, _abstract_params(model), src, limits, rng, platforms=platforms, allow=allow)
+
+
+@pytest.mark.parametrize("beam_size, sampling", [(4, ()), (1, (("temperature", 0.0),))],
+                         ids=["beam4", "greedy"])
+def test_float32_search_lowers_for_gpu_and_tpu_without_cpu_kernels(beam_size, sampling):
+  """The base model in float32, which on this host decodes with every C++ kernel (attention, panel
+  products, beam top-k): lowered for GPU and TPU, the XLA ops stand in their place."""
+  _assert_none_of_ours(_search_text(config_lib.base(), beam_size, sampling))
+
+
+def test_the_same_search_lowered_for_this_cpu_carries_the_cpu_kernels():
+  """The check above can fail: lowered for the CPU, the same kind of program holds our custom calls."""
+  if not cpu_decoding.available():
+    pytest.skip("the C++ decoding kernels are not built here (no C++ compiler): nothing to find")
+  cfg = TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=64)
+  text = _search_text(cfg, 4, platforms=("cpu",), allow=OURS)
+  assert {"aiayn_slot_attention", "aiayn_masked_attention", "aiayn_panel_matmul",
+          "aiayn_beam_extensions"} <= _custom_calls(text)
