@@ -8,8 +8,8 @@
 Both form config.data.task's batches (data/tasks.py; translation unless the config says otherwise).
 """
 from data import tasks
-from data.batching import (BatchIterator, assemble, bucket_lengths, bucket_rows, fitting, plan_buckets,
-                           tokenize)
+from data.batching import (BatchIterator, Kept, assemble, bucket_lengths, bucket_rows, fitting,
+                           plan_buckets, tokenize)
 from data.cache import tokenized
 from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
 from data.tasks import source_eos
@@ -26,7 +26,7 @@ def task_sequences(data_config, pairs, max_len=None, what="data"):
   get = tasks.sequences(data_config, pairs)
   if len(keep) == len(pairs):
     return src_len, tgt_len, get
-  return src_len[keep], tgt_len[keep], lambda indices: get(keep[indices])
+  return Kept(src_len, keep), Kept(tgt_len, keep), lambda indices: get(keep[indices])
 
 
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):

@@ -63,16 +63,32 @@ def fitting(src_len, tgt_len, max_len: int | None, origin=None, what: str = "dat
   the others are counted and reported, the first few named by origin(i). No max_len: all of them."""
   if not max_len:
     return np.arange(len(src_len))
-  too_long = (src_len > max_len) | (tgt_len >= max_len)          # [pairs] bool; the target + EOS
-  count = int(too_long.sum())
+  kept, first, count, chunk = [np.zeros(0, _index_dtype(len(src_len)))], [], 0, 1 << 20
+  for start in range(0, len(src_len), chunk):   # a chunk at a time: no [pairs] temporaries
+    too_long = (src_len[start:start + chunk] > max_len) | (tgt_len[start:start + chunk] >= max_len)
+    count += int(too_long.sum())
+    first += (np.flatnonzero(too_long)[:_SHOW - len(first)] + start).tolist()
+    kept.append(np.flatnonzero(~too_long).astype(kept[0].dtype) + start)
   if count:
     origin = origin or (lambda i: f"pair {i}")
-    first = [origin(i) for i in np.flatnonzero(too_long)[:_SHOW]]
-    report_skipped({f"longer than max_len={max_len} tokens": (count, first)}, what)
+    report_skipped({f"longer than max_len={max_len} tokens": (count, [origin(i) for i in first])}, what)
   if count == len(src_len):
     raise ValueError(f"{what}: every pair is longer than config.data.max_len={max_len} tokens; "
                      f"raise max_len")
-  return _nonzero(~too_long)
+  return np.concatenate(kept)
+
+
+class Kept:
+  """lengths[keep] without copying it: what the planners read of the pairs that fit max_len."""
+
+  def __init__(self, lengths, keep):
+    self.lengths, self.keep = lengths, keep
+
+  def __len__(self) -> int:
+    return len(self.keep)
+
+  def __getitem__(self, index):
+    return self.lengths[self.keep[index]]
 
 
 def _empty(rows: int, src_len: int, tgt_len: int) -> dict:
@@ -117,7 +133,8 @@ def _cuts(src_len, tgt_len, budget: int, cap: int | None = None, order=None) -> 
   one Python step per group, not per pair, and memory bounded by the window.
   """
   n = len(src_len) if order is None else len(order)
-  cuts, pos = [np.zeros(1, np.int64)], 0
+  dtype = _index_dtype(n + 1)
+  cuts, pos = [np.zeros(1, dtype)], 0
   window = max(1 << 16, 4 * (cap or budget))   # longer than any group (a target costs >= 1 token)
   while pos < n:
     end = min(n, pos + window)
@@ -138,9 +155,9 @@ def _cuts(src_len, tgt_len, budget: int, cap: int | None = None, order=None) -> 
         break
       found.append(j)
       i = j
-    cuts.append(pos + np.asarray(found, np.int64))
+    cuts.append(np.asarray(found, dtype) + pos)
     pos += i
-  return np.concatenate(cuts).astype(_index_dtype(n + 1))
+  return np.concatenate(cuts)
 
 
 def _nonzero(mask) -> np.ndarray:
@@ -180,7 +197,10 @@ def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan
   """
   lengths = bucket_lengths(max_len)
   table = np.searchsorted(lengths, np.arange(max_len + 1)).astype(np.uint8)   # longer side -> its bucket
-  which = table[np.maximum(src_len, tgt_len + 1)]                  # [pairs] the smallest bucket that fits
+  which = np.empty(len(src_len), np.uint8)                         # [pairs] the smallest bucket that fits
+  for start in range(0, len(src_len), 1 << 20):
+    part = slice(start, start + (1 << 20))
+    which[part] = table[np.maximum(src_len[part], tgt_len[part] + 1)]
   members, first, last, padded, start = [], [], [], [], 0
   for b, length in enumerate(lengths):
     bucket = _nonzero(which == b)
