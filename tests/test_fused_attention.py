@@ -1,0 +1,107 @@
+"""model.attention_impl: the fused kernels compute the plain attention's numbers (splash in Pallas
+interpret mode, which runs on this CPU), the model reads the same with any of them, and a setting a
+kernel cannot take falls back to the plain attention, saying why once."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model import Transformer, TransformerConfig, fused_attention
+from model.attention import dot_product_attention, packed_mask
+
+TINY = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_kv_heads=2, num_encoder_layers=1,
+                         num_decoder_layers=1, max_len=256, dropout_rate=0.0)
+
+
+def _segments(rng, b, length):
+  """Packed rows: two or three sentences each, then padding (segment 0)."""
+  seg = np.zeros((b, length), np.int32)
+  for row in range(b):
+    cuts = np.sort(rng.choice(np.arange(8, length - 8), 2, replace=False))
+    seg[row, :cuts[0]], seg[row, cuts[0]:cuts[1]] = 1, 2
+    seg[row, cuts[1]:length - 5 * row] = 3
+  return jnp.asarray(seg)
+
+
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["causal", "full"])
+def test_splash_in_interpret_mode_equals_the_plain_attention_and_its_gradient(causal):
+  """Grouped-query heads, packed segments with padding, cross lengths (queries 128, keys 256)."""
+  rng = np.random.default_rng(0)
+  b, h, g, d = 2, 4, 2, 16
+  q_len, kv_len = 128, 128 if causal else 256
+  q = jnp.asarray(rng.normal(size=(b, q_len, h, d)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(b, kv_len, g, d)), jnp.float32) for _ in range(2))
+  q_seg = _segments(rng, b, q_len)
+  kv_seg = q_seg if causal else _segments(rng, b, kv_len)
+  if not causal:   # queries of a sentence see only that sentence's keys: give every sentence keys
+    kv_seg = jnp.where(kv_seg > 0, jnp.minimum(kv_seg, 3), 0)
+  mask = packed_mask(q_seg, kv_seg, causal=causal)
+  real = np.asarray(q_seg != 0)[:, :, None, None]              # padding queries differ (both discarded)
+
+  def loss(fn, q, k, v):
+    return jnp.sum(jnp.where(real, fn(q, k, v), 0.0) * jnp.sin(jnp.arange(d)))
+
+  fused = lambda q, k, v: fused_attention.splash(q, k, v, mask, interpret=True)
+  plain = lambda q, k, v: dot_product_attention(q, k, v, mask.dense)
+  np.testing.assert_allclose(np.where(real, fused(q, k, v), 0), np.where(real, plain(q, k, v), 0),
+                             atol=2e-5)
+  got = jax.grad(lambda *a: loss(fused, *a), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(lambda *a: loss(plain, *a), argnums=(0, 1, 2))(q, k, v)
+  for a, b_ in zip(got, want):
+    np.testing.assert_allclose(a, b_, atol=5e-5)
+
+
+def _logits(cfg, seed=0, length=128):
+  rng = np.random.default_rng(seed)
+  src = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
+  tgt = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
+  src, tgt = src.at[1, 100:].set(0), tgt.at[1, 90:].set(0)      # padding
+  params = Transformer(cfg.replace(attention_impl="xla")).init({"params": jax.random.key(0)}, src, tgt)
+  return np.asarray(Transformer(cfg).apply(params, src, tgt)), np.asarray(tgt != 0)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope"])
+def test_the_model_reads_the_same_with_splash(positions):
+  """Self-, causal and cross-attention through splash (interpret mode); RoPE rotates q and k before."""
+  cfg = TINY.replace(positions=positions)
+  want, real = _logits(cfg.replace(attention_impl="xla"))
+  got, _ = _logits(cfg.replace(attention_impl="splash"))
+  np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+
+
+def test_auto_on_this_cpu_is_the_plain_attention_bit_for_bit():
+  """auto traces splash for a TPU (lengths 128), but a program lowered for the CPU keeps XLA's."""
+  want, _ = _logits(TINY.replace(attention_impl="xla"))
+  got, _ = _logits(TINY.replace(attention_impl="auto"))
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("impl, changes, why", [
+    ("splash", dict(positions="alibi"), "splash attention adds no score bias"),
+    ("splash", dict(positions="relative"), "splash attention adds no score bias"),
+    ("splash", dict(), "is not a multiple of 128"),
+    ("cudnn", dict(), "cuDNN's flash attention takes bfloat16 or float16"),
+], ids=["splash-alibi", "splash-relative", "splash-length", "cudnn-float32"])
+def test_a_setting_a_kernel_cannot_take_falls_back_visibly_once(impl, changes, why, caplog):
+  cfg = TINY.replace(**changes)
+  length = 64 if why.startswith("is not") else 128
+  fused_attention._SAID.clear()
+  with caplog.at_level(logging.INFO, logger=fused_attention.__name__):
+    got, _ = _logits(cfg.replace(attention_impl=impl), length=length)
+    _logits(cfg.replace(attention_impl=impl), seed=1, length=length)        # traced again: no new line
+  said = [r for r in caplog.records if why in r.getMessage()]
+  assert len(said) == 1 and said[0].levelno == logging.WARNING
+  want, real = _logits(cfg.replace(attention_impl="xla"), length=length)
+  # (alibi and relative: the cross-attention, which has no bias, still takes splash)
+  np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+
+
+def test_cudnn_equals_the_plain_attention_on_a_gpu():
+  if jax.default_backend() != "gpu":
+    pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
+  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
+  got, real = _logits(cfg)
+  want, _ = _logits(cfg.replace(attention_impl="xla"))
+  np.testing.assert_allclose(got[real], want[real], atol=5e-2)
