@@ -107,7 +107,8 @@ def _extensions(name):
   """None (the XLA ops) or "cpu": kernels/cpu_decoding.py's custom call, which greedy uses on the CPU."""
   if name is None:
     return None
-  assert cpu_decoding.available()
+  if not cpu_decoding.available():
+    pytest.skip("no C++ compiler (c++, g++ or $CXX): decoding uses XLA ops")
   return cpu_decoding.beam_extensions
 
 
