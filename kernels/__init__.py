@@ -18,7 +18,7 @@ imports JAX:
 
   host_memory    glibc's malloc set to keep the buffers XLA:CPU frees after each step
 
-Every one was measured faster on XLA:CPU only (docs/model.md); on GPU and TPU their optimization
+Every one was measured faster on XLA:CPU only (docs/performance.md); on GPU and TPU their optimization
 barriers and layouts would block fusion, so "auto" picks the reference there.
 """
 from __future__ import annotations
