@@ -171,7 +171,7 @@ def _continue_prompt(run, args) -> None:
     fail(f"--prompt needs a language model (config.model.arch='decoder_only'); {args.workdir} has "
          f"arch={opened.model.cfg.arch!r}: translate with --input instead")
   ids = [BOS] + opened.vocab.encode(args.prompt)
-  if len(ids) + args.max_extra_len > opened.model.cfg.max_len and opened.model.cfg.position_kind == "learned":
+  if len(ids) + args.max_extra_len > opened.model.cfg.max_len and opened.model.cfg.positions == "learned":
     fail(f"--prompt of {len(ids)} pieces + --max_extra_len {args.max_extra_len} exceeds the model's "
          f"learned positions ({opened.model.cfg.max_len})")
   seqs, _ = prompt_sample(opened.model, opened.params, jnp.asarray([ids], jnp.int32),

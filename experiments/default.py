@@ -33,8 +33,9 @@ def get_config(arg=None):
       num_encoder_layers=2, num_decoder_layers=2,
       dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
       max_len=256, dtype="float32", param_dtype="float32",
-      pre_norm=False, learned_positions=False, share_embeddings=True, attention_bias=True,
+      pre_norm=False, positions="sinusoidal", share_embeddings=True, attention_bias=True,
       kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
+      attention_impl="auto",       # auto | xla | cudnn | splash: the attention kernel (docs/accelerators.md)
       remat="none",                # none | minimal | full: recompute in the backward pass (docs/accelerators.md)
       scan_layers=False,           # one nn.scan per stack (docs/accelerators.md)
   ))

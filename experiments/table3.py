@@ -281,7 +281,7 @@ def full_size_rows():
   for eps in (0.0, 0.2):
     rows.append((f"D_ls{eps}", {"train.label_smoothing": eps}))
   # (E) learned positional embeddings instead of sinusoids.
-  rows.append(("E_learned", {"model.learned_positions": True}))
+  rows.append(("E_learned", {"model.positions": "learned"}))
   # The big model (300K steps; dropout 0.3 as for EN-DE in Table 2).
   rows.append(("big", {"model.d_model": 1024, "model.d_ff": 4096, "model.num_heads": 16,
                        "model.dropout_rate": 0.3, "train.num_steps": 300_000,

@@ -62,7 +62,7 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
                       dropout_rate=big_dropout if size == "big" else 0.1,
                       attention_dropout_rate=0.0, relu_dropout_rate=0.0,
                       max_len=512,           # positions for the longest newstest sentences plus 50
-                      pre_norm=False, learned_positions=False, share_embeddings=True)
+                      pre_norm=False, positions="sinusoidal", share_embeddings=True)
 
   # Typed None: config_flags refuses to override a field whose value is plain None (Table 3 sets them).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)

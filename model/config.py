@@ -64,14 +64,13 @@ class TransformerConfig:
   attention_impl: str = "auto"
   # Switches. Defaults are the paper's choices.
   pre_norm: bool = False               # LayerNorm before each sub-layer, plus final norms
-  learned_positions: bool = False      # Table 3 row E
   share_embeddings: bool = True        # one matrix: encoder input, decoder input, pre-softmax
   attention_bias: bool = True          # biases on the Q, K, V and output projections
   layer_norm_epsilon: float = 1e-6
   # The family (docs/family.md). Defaults are the paper's; every other choice runs on model/'s
   # reference pieces where kernels/ has no fast path for it (model/ops.py).
   arch: str = "encoder_decoder"        # | "decoder_only" (causal LM, no cross-attention) | "encoder_only"
-  positions: str = "sinusoidal"        # | "learned" | "rope" | "alibi" | "relative" (T5's bucketed bias)
+  positions: str = "sinusoidal"        # | "learned" (Table 3 row E) | "rope" | "alibi" | "relative" (T5's)
   num_kv_heads: int | None = None      # key/value heads: None = num_heads (MHA), 1 = MQA, between = GQA
   activation: str = "relu"             # FFN: | "gelu" | "swiglu" | "geglu" (gated: two input matrices)
   norm: str = "layernorm"              # | "rmsnorm"
@@ -111,9 +110,6 @@ class TransformerConfig:
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
-    if self.learned_positions and self.positions not in ("sinusoidal", "learned"):
-      fail(f"learned_positions=True contradicts positions={self.positions!r}; use positions='learned' "
-           f"alone (learned_positions=True is the older spelling of it)")
     if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
       fail(f"num_kv_heads={self.num_kv_heads} must be positive and divide num_heads={self.num_heads}")
     if self.positions == "rope" and self.head_dim_k % 2:
@@ -134,18 +130,13 @@ class TransformerConfig:
              f"Leave matmul_dtype unset, or use dtype='float32'")
 
   @property
-  def position_kind(self) -> str:
-    """positions, with the older learned_positions=True read as 'learned'."""
-    return "learned" if self.learned_positions else self.positions
-
-  @property
   def kv_heads(self) -> int:
     return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
 
   @property
   def is_paper_family(self) -> bool:
     """True when no family switch is set beyond what the paper's model (and kernels/) handle."""
-    return (self.arch == "encoder_decoder" and self.position_kind in ("sinusoidal", "learned")
+    return (self.arch == "encoder_decoder" and self.positions in ("sinusoidal", "learned")
             and self.kv_heads == self.num_heads)
 
   @property
@@ -205,9 +196,9 @@ def num_params(cfg: TransformerConfig) -> int:
     total += embeddings if cfg.share_embeddings else 2 * embeddings   # input table (+ output matrix)
   else:
     total += embeddings if cfg.share_embeddings else 3 * embeddings
-  if cfg.position_kind == "learned":
+  if cfg.positions == "learned":
     total += stacks * cfg.max_len * d  # one table per stack
-  if cfg.position_kind == "relative":
+  if cfg.positions == "relative":
     total += stacks * cfg.relative_buckets * h
   if cfg.pre_norm:
     total += (norm if enc else 0) + norm if cfg.arch == "encoder_decoder" else norm

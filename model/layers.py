@@ -48,7 +48,7 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
                             dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.dtype),
                             param_dtype=as_dtype(cfg.param_dtype), dot_general=ops.dot_general,
                             dropout_cls=ops.dropout, num_kv_heads=cfg.kv_heads,
-                            rope=cfg.position_kind == "rope" and not cross, impl=cfg.attention_impl)
+                            rope=cfg.positions == "rope" and not cross, impl=cfg.attention_impl)
 
 
 def layer_norm(cfg: TransformerConfig, name=None):

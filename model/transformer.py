@@ -37,7 +37,7 @@ def _segments_and_positions(ids, segments, positions):
 
 
 def _embedder(cfg: TransformerConfig, shared):
-  return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.position_kind, shared, cfg.vocab_size,
+  return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, shared, cfg.vocab_size,
                   as_dtype(cfg.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
 
 
@@ -49,15 +49,15 @@ class PositionBias(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    if cfg.position_kind == "relative":
+    if cfg.positions == "relative":
       self.relative = RelativeBias(cfg.num_heads, self.bidirectional, cfg.relative_buckets,
                                    cfg.relative_max_distance, as_dtype(cfg.param_dtype))
 
   def __call__(self, q_positions, k_positions):
     """q_positions int [b, q], k_positions int [b, k] -> float32 [b, h, q, k] or None."""
-    if self.cfg.position_kind == "alibi":
+    if self.cfg.positions == "alibi":
       return alibi_bias(q_positions, k_positions, self.cfg.num_heads)
-    if self.cfg.position_kind == "relative":
+    if self.cfg.positions == "relative":
       return self.relative(q_positions, k_positions)
     return None
 
@@ -145,7 +145,7 @@ class Decoder(nn.Module):
       key_positions = None
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
     bias = None
-    if self.cfg.position_kind in ("alibi", "relative"):
+    if self.cfg.positions in ("alibi", "relative"):
       if key_positions is None:
         length = cache["layers"][0]["k"].shape[1]
         key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (ids.shape[0], length))
@@ -311,7 +311,7 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
   asks for a cache that beam search reorders with `reorder_cache` only (the CPU kernels keep keys and
   values in place).
   """
-  if max_len > cfg.max_len and cfg.position_kind == "learned":
+  if max_len > cfg.max_len and cfg.positions == "learned":
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")
   if cfg.arch == "encoder_only":
     raise ValueError("arch='encoder_only' has no decoder to decode with")

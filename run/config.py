@@ -33,6 +33,18 @@ def read_config_json(path) -> dict:
   if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in sections):
     raise UserError(f"{path} is not a run's config (a JSON object with the sections {', '.join(sections)}): "
                     f"{DAMAGED}")
+  return _renamed_keys(config)
+
+
+def _renamed_keys(config: dict) -> dict:
+  """A config.json written before a key was renamed, in today's keys: model.learned_positions=True
+  (older runs) is model.positions='learned'."""
+  model = config["model"]
+  if "learned_positions" in model:
+    model = dict(model)
+    if model.pop("learned_positions"):
+      model["positions"] = "learned"
+    config = {**config, "model": model}
   return config
 
 

@@ -1,6 +1,8 @@
 """The Transformer family's switches (docs/family.md) held to their references: positions, GQA/MQA,
 gated FFNs, RMSNorm and the three architectures. Every variant: the parameter count is exact, cached
 decoding equals the full forward pass, padding and packing change nothing, the future cannot leak."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,12 +12,13 @@ from model import Transformer, TransformerConfig, init_cache, num_params
 from model.cache import KVCache
 from model.ops import decoding_for
 from model.positions import alibi_slopes, relative_bucket, rope
+from run import config as run_config
 
 SMALL = dict(vocab_size=31, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=2,
              num_decoder_layers=2, dropout_rate=0.0, max_len=64, kernels="reference")
 VARIANTS = {
     "paper": {},
-    "learned": dict(learned_positions=True),
+    "learned": dict(positions="learned"),
     "rope": dict(positions="rope"),
     "alibi": dict(positions="alibi"),
     "relative": dict(positions="relative", relative_buckets=8, relative_max_distance=16),
@@ -116,10 +119,21 @@ def test_bad_switches_are_named():
     _cfg(num_kv_heads=3)
   with pytest.raises(ValueError, match="positions='rotary'"):
     _cfg(positions="rotary")
-  with pytest.raises(ValueError, match="learned_positions=True contradicts"):
-    _cfg(learned_positions=True, positions="rope")
+  with pytest.raises(ValueError, match="attention_impl='flash' is not one of"):
+    _cfg(attention_impl="flash")
   with pytest.raises(ValueError, match="activation"):
     _cfg(activation="tanh")
+
+
+def test_a_run_saved_with_learned_positions_loads_as_positions_learned(tmp_path):
+  """The older key model.learned_positions is gone; a config.json that holds it still opens."""
+  for old, positions in ((True, "learned"), (False, "sinusoidal")):
+    path = tmp_path / f"{old}.json"
+    path.write_text(json.dumps({"model": {"learned_positions": old, "positions": "sinusoidal"}, "data": {},
+                                "train": {}}))
+    model = run_config.read_config_json(path)["model"]
+    assert model == {"positions": positions}
+    TransformerConfig(**model)
 
 
 # ---------------------------------------------------------------------------------- every variant

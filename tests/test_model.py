@@ -122,7 +122,7 @@ def test_cached_decoding_equals_teacher_forcing(small, tgt_len, hyps_per_sentenc
 @pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias",
                                     "bf16_matmuls"])
 def test_cached_decoding_equals_teacher_forcing_with_switches(switch, kernels):
-  changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(learned_positions=True),
+  changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(positions="learned"),
              "unshared": dict(share_embeddings=False), "no_bias": dict(attention_bias=False),
              "bf16_matmuls": dict(matmul_dtype="bfloat16")}[switch]
   cfg = SMALL.replace(kernels=kernels, **changes)
@@ -215,7 +215,7 @@ def test_parameter_counts_match_table3_and_formula(row):
   assert abs(counted / 1e6 - paper) / paper <= 0.07
 
 
-@pytest.mark.parametrize("changes", [dict(pre_norm=True), dict(learned_positions=True),
+@pytest.mark.parametrize("changes", [dict(pre_norm=True), dict(positions="learned"),
                                      dict(share_embeddings=False), dict(attention_bias=False),
                                      dict(num_encoder_layers=0)])
 def test_formula_counts_switches(changes):
@@ -309,7 +309,7 @@ def test_sinusoid_interleaves_sin_and_cos_as_the_formula():
 # Switches: forward, backward, dtypes, one trace per shape
 # ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("changes", [dict(pre_norm=True), dict(learned_positions=True),
+@pytest.mark.parametrize("changes", [dict(pre_norm=True), dict(positions="learned"),
                                      dict(share_embeddings=False),
                                      dict(dtype="bfloat16", param_dtype="float32"),
                                      dict(matmul_dtype="bfloat16"),

@@ -60,7 +60,7 @@ def test_every_cpu_row_is_its_full_size_row_shrunk_by_one_rule(tmp_path):
       assert (small[key] is None and big[key] is None) or small[key] * T3.CPU_SCALE == big[key], (name, key)
     for key in ("num_encoder_layers", "num_decoder_layers"):
       assert small[key] * T3.CPU_LAYER_SCALE == big[key], (name, key)
-    for key in ("num_heads", "dropout_rate", "learned_positions", "pre_norm", "share_embeddings"):
+    for key in ("num_heads", "dropout_rate", "positions", "pre_norm", "share_embeddings"):
       assert small[key] == big[key], (name, key)
     assert small_config.train.label_smoothing == _config(str(TABLE3), overrides).train.label_smoothing
     # The paper's peak learning rate goes as d_model^-0.5; so does ours.
