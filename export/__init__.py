@@ -1,4 +1,4 @@
-"""Export a trained run to Hugging Face (a MarianMTModel directory) or to CTranslate2.
+"""Export a trained run to Hugging Face (MarianMTModel, or Pegasus for pre-norm) or to CTranslate2.
 
     python -m export --workdir RUN [--checkpoint STEP|averaged|latest] --format hf|ctranslate2 --out DIR
 
@@ -16,6 +16,8 @@ import sys
 import data
 import run
 from model.config import as_dtype
+from decode import DEFAULTS
+from export.usage import usage
 from export.weights import FORMATS, UnsupportedOption, check_exportable
 
 __all__ = ["FORMATS", "UnsupportedOption", "check_exportable", "export_run"]
@@ -34,15 +36,21 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
     print(f"note: {workdir} computes its matmuls with {cfg.matmul_dtype} operands (mixed precision); the "
           f"exported model computes them in float32 from the same float32 weights, so its logits differ "
           f"from ours by that rounding", file=sys.stderr)
+  source_eos = data.source_eos(opened.config.data)
+  decoding = {**DEFAULTS, **(opened.config.decode.to_dict() if "decode" in opened.config else {})}
   if fmt == "hf":
     from export import hf   # torch and transformers: only for this format
-    beam = opened.config.decode.get("beam_size") if "decode" in opened.config else None
-    out = hf.export_hf(opened.params, cfg, opened.vocab, spm_path, out_dir, beam_size=beam)
+    out = hf.export_hf(opened.params, cfg, opened.vocab, spm_path, out_dir, beam_size=decoding["beam_size"],
+                       alpha=decoding["alpha"])
   else:
     from export import ct2   # ctranslate2: only for this format
-    out = ct2.export_ctranslate2(opened.params, cfg, opened.vocab, spm_path, out_dir,
-                                 source_eos=data.source_eos(opened.config.data))
+    out = ct2.export_ctranslate2(opened.params, cfg, opened.vocab, spm_path, out_dir, source_eos=source_eos)
+  hf_class = hf.hf_class_name(cfg) if fmt == "hf" else ""
+  (out / "README.md").write_text(usage(fmt, out.absolute(), source_eos=source_eos,
+                                       beam_size=int(decoding["beam_size"]), alpha=float(decoding["alpha"]),
+                                       max_len=cfg.max_len, hf_class=hf_class))
   (out / "aiayn_export.json").write_text(json.dumps(
       {"workdir": str(pathlib.Path(workdir).absolute()), "step": int(opened.step), "format": fmt,
-       "layer_norm_epsilon": cfg.layer_norm_epsilon}, indent=2) + "\n")
+       "source_eos": source_eos, "layer_norm_epsilon": cfg.layer_norm_epsilon,
+       "beam_size": int(decoding["beam_size"]), "alpha": float(decoding["alpha"])}, indent=2) + "\n")
   return out

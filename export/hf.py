@@ -1,9 +1,20 @@
-"""Export to Hugging Face: a MarianMTModel directory that `MarianMTModel.from_pretrained` loads.
+"""Export to Hugging Face: a model directory that `AutoModelForSeq2SeqLM.from_pretrained` loads.
 
-- Marian hard-codes LayerNorm epsilon 1e-5; a run with another epsilon (ours defaults to 1e-6) exports
-  with that single change, and the export prints the difference it makes.
-- Options Marian cannot express (pre-norm, learned positions, d_k or d_v other than d_model / num_heads)
-  are refused with an error naming the option (export/weights.py:check_exportable).
+One class per layer order, each holding our model exactly (docs/runs.md compares the candidates):
+- post-norm (the paper's): MarianMTModel, Marian's Transformer with its sin-first sinusoids;
+- pre-norm: PegasusForConditionalGeneration, the same layers with the LayerNorm before each sublayer
+  and one after each stack, as ours. MBart adds a LayerNorm after the embeddings (layernorm_embedding,
+  not optional); M2M100 and NLLB compute fairseq's sinusoids (another frequency scale, positions
+  counted from pad + 1); Bart and FSMT are post-norm.
+Both take our numbers as they are: token tables shared or not (Marian's share_encoder_decoder_embeddings,
+Pegasus's untied embeddings), sinusoidal or learned positions (the position table is a stored weight in
+both; the export reloads the directory and checks every weight), bias-free attention as zero biases.
+The one inexact part: both classes hard-code LayerNorm epsilon 1e-5 (ours defaults to 1e-6); the export
+prints the difference.
+
+The tokenizer is MarianTokenizer over the run's SentencePiece model. It appends </s> to every source,
+which is the run's convention when config.data.source_eos is true; when it is false, call it with
+add_special_tokens=False (README.md in the directory gives the exact calls).
 
 Requires the `interop` extra (torch, transformers, safetensors).
 """
@@ -19,75 +30,115 @@ import numpy as np
 from export.weights import check_exportable, neutral_weights, pieces_of
 from model.config import TransformerConfig
 
-MARIAN_LAYER_NORM_EPSILON = 1e-5   # nn.LayerNorm's default, which Marian's layers use
+HF_LAYER_NORM_EPSILON = 1e-5   # nn.LayerNorm's default, which Marian's and Pegasus's layers use
 
 
-def marian_config(cfg: TransformerConfig, vocab):
-  """The transformers.MarianConfig equivalent to `cfg` (with the vocabulary's special ids)."""
-  from transformers import MarianConfig
-  return MarianConfig(
-      vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size,
-      max_position_embeddings=cfg.max_len, d_model=cfg.d_model,
+def hf_class_name(cfg: TransformerConfig) -> str:
+  """The transformers class that holds `cfg`: Pegasus for pre-norm, Marian for post-norm."""
+  return "PegasusForConditionalGeneration" if cfg.pre_norm else "MarianMTModel"
+
+
+def hf_config(cfg: TransformerConfig, vocab):
+  """The transformers MarianConfig or PegasusConfig equivalent to `cfg` (with the vocabulary's ids)."""
+  import transformers
+  common = dict(
+      vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_len, d_model=cfg.d_model,
       encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
       encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
       encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
       activation_function="relu", scale_embedding=True,              # x * sqrt(d_model), as ours
       dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
-      activation_dropout=cfg.relu_dropout_rate,
-      share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.share_embeddings,
+      activation_dropout=cfg.relu_dropout_rate, tie_word_embeddings=cfg.share_embeddings,
       pad_token_id=vocab.pad_id, eos_token_id=vocab.eos_id, bos_token_id=vocab.bos_id,
-      # Our decoder starts from bos (Marian's own models start from pad); no forced eos at max_length,
-      # so that generate() stops exactly where our search does.
+      # Our decoder starts from bos (Marian's and Pegasus's own models start from pad); no forced eos at
+      # max_length, so that generate() stops exactly where our search does.
       decoder_start_token_id=vocab.bos_id, forced_eos_token_id=None,
-      architectures=["MarianMTModel"])
+      architectures=[hf_class_name(cfg)])
+  if cfg.pre_norm:
+    return transformers.PegasusConfig(**common)
+  return transformers.MarianConfig(decoder_vocab_size=cfg.vocab_size,
+                                   share_encoder_decoder_embeddings=cfg.share_embeddings, **common)
 
 
-def to_marian(params, cfg: TransformerConfig, vocab):
-  """Our params -> a transformers.MarianMTModel (float32, eval mode) computing the same function."""
+def hf_state(params, cfg: TransformerConfig) -> dict:
+  """Our params -> the state dict (float32 torch tensors) of hf_class_name(cfg)."""
   import torch
-  from transformers import MarianMTModel
-  check_exportable(cfg, "hf")
-  weights = neutral_weights(params, cfg)
-  model = MarianMTModel(marian_config(cfg, vocab))
   state = {}
-  for name, array in weights.items():
-    if "embed_positions" in name:
-      continue                        # Marian computes its own sinusoids
+  for name, array in neutral_weights(params, cfg).items():
     key = name if name == "lm_head.weight" else f"model.{name}"
     state[key] = torch.from_numpy(np.array(array, np.float32))   # writable copy
-  if cfg.share_embeddings:
-    state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
+  # Pegasus keeps `shared` even when the stacks have their own tables (then it is unused); to_hf drops it
+  # for Marian, which has none then.
+  state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
+  state["final_logits_bias"] = torch.zeros((1, cfg.vocab_size))
+  return state
+
+
+def to_hf(params, cfg: TransformerConfig, vocab):
+  """Our params -> a transformers MarianMTModel or PegasusForConditionalGeneration (float32, eval mode)
+  computing the same function."""
+  import transformers
+  check_exportable(cfg, "hf")
+  model = getattr(transformers, hf_class_name(cfg))(hf_config(cfg, vocab))
+  state = hf_state(params, cfg)
+  if "model.shared.weight" not in model.state_dict():   # Marian with unshared tables has none
+    del state["model.shared.weight"]
   missing, unexpected = model.load_state_dict(state, strict=False)
-  missing = [k for k in missing if "embed_positions" not in k and k != "final_logits_bias"]
   if missing or unexpected:
-    raise RuntimeError(f"weight names do not match MarianMTModel: missing {missing}, "
+    raise RuntimeError(f"weight names do not match {hf_class_name(cfg)}: missing {missing}, "
                        f"unexpected {unexpected}")
-  with torch.no_grad():
-    model.final_logits_bias.zero_()
-  if cfg.layer_norm_epsilon != MARIAN_LAYER_NORM_EPSILON:
-    print(f"note: Marian's LayerNorm epsilon is {MARIAN_LAYER_NORM_EPSILON}; this model was trained with "
-          f"{cfg.layer_norm_epsilon} (the only inexact part of the Hugging Face export)", file=sys.stderr)
+  if cfg.layer_norm_epsilon != HF_LAYER_NORM_EPSILON:
+    print(f"note: {hf_class_name(cfg)}'s LayerNorm epsilon is {HF_LAYER_NORM_EPSILON}; this model was "
+          f"trained with {cfg.layer_norm_epsilon} (the only inexact part of the Hugging Face export)",
+          file=sys.stderr)
   return model.eval()
 
 
-def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_size=None) -> pathlib.Path:
-  """Writes a MarianMTModel directory: config.json, generation_config.json, model.safetensors,
-  source.spm / target.spm (the run's SentencePiece model), vocab.json, tokenizer_config.json.
+def to_marian(params, cfg: TransformerConfig, vocab):
+  """to_hf for a post-norm model (kept for callers that name Marian)."""
+  if cfg.pre_norm:
+    raise ValueError("to_marian: a pre-norm model exports as Pegasus; call to_hf")
+  return to_hf(params, cfg, vocab)
 
-  Returns the directory. `MarianMTModel.from_pretrained(out_dir)` and `MarianTokenizer.from_pretrained`
-  load it.
+
+def _check_reloaded(out: pathlib.Path, model) -> None:
+  """Loads `out` as a user would and checks that every weight came back. Marian recomputes its sinusoids
+  on loading (in float64, so they differ from ours by float32 rounding); Pegasus keeps the stored table,
+  which is what makes learned positions exportable."""
+  import torch
+  import transformers
+  reloaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
+  if type(reloaded) is not type(model):
+    raise RuntimeError(f"{out} loads as {type(reloaded).__name__}, not {type(model).__name__}")
+  theirs = reloaded.state_dict()
+  for name, tensor in model.state_dict().items():
+    tol = 1e-5 if "embed_positions" in name and isinstance(model, transformers.MarianMTModel) else 0.0
+    if name not in theirs or not torch.allclose(theirs[name], tensor, rtol=0.0, atol=tol):
+      raise RuntimeError(f"{out}: weight {name} did not survive save_pretrained / from_pretrained")
+
+
+def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_size=None,
+              alpha=None) -> pathlib.Path:
+  """Writes a model directory: config.json, generation_config.json, model.safetensors, source.spm /
+  target.spm (the run's SentencePiece model), vocab.json, tokenizer_config.json.
+
+  beam_size, alpha: the run's config.decode, as generation_config's num_beams and
+  length_penalty (Hugging Face's length penalty is L^alpha, ours GNMT's). Returns the directory.
   """
   from transformers import MarianTokenizer
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   pieces = pieces_of(spm_path, vocab)
-  model = to_marian(params, cfg, vocab)
+  model = to_hf(params, cfg, vocab)
   generation = model.generation_config
   generation.max_length = cfg.max_len
   generation.forced_eos_token_id = None
   if beam_size:
     generation.num_beams = int(beam_size)
+  if alpha is not None:
+    generation.length_penalty = float(alpha)
   model.save_pretrained(out, safe_serialization=True)
+  _check_reloaded(out, model)
   (out / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(pieces)},
                                              ensure_ascii=False, indent=0) + "\n")
   for name in ("source.spm", "target.spm"):
@@ -95,6 +146,7 @@ def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_
   tokenizer = MarianTokenizer(
       source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"), vocab=str(out / "vocab.json"),
       unk_token=pieces[vocab.unk_id], eos_token=pieces[vocab.eos_id], pad_token=pieces[vocab.pad_id],
+      bos_token=pieces[vocab.bos_id],   # special, so that batch_decode(skip_special_tokens=True) drops it
       model_max_length=cfg.max_len)
   tokenizer.save_pretrained(out)
   return out

@@ -34,15 +34,13 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
   head_dim = cfg.d_model // cfg.num_heads
   if cfg.head_dim_k != cfg.head_dim_v:
     problems.append(f"d_k={cfg.head_dim_k} != d_v={cfg.head_dim_v} (both formats need one head size)")
-  if fmt == "hf":
-    if cfg.pre_norm:
-      problems.append("pre_norm=True (Marian is post-norm only; export to ctranslate2 instead)")
-    if cfg.learned_positions:
-      problems.append("learned_positions=True (Marian has sinusoidal positions only; export to "
-                      "ctranslate2 instead)")
-    if cfg.d_model % cfg.num_heads or cfg.head_dim_k != head_dim:
-      problems.append(f"d_k={cfg.head_dim_k} with d_model={cfg.d_model}, num_heads={cfg.num_heads} "
-                      f"(Marian's head size is d_model / num_heads)")
+  if fmt == "hf" and (cfg.d_model % cfg.num_heads or cfg.head_dim_k != head_dim):
+    problems.append(f"d_k={cfg.head_dim_k} with d_model={cfg.d_model}, num_heads={cfg.num_heads} "
+                    f"(Marian's and Pegasus's head size is d_model / num_heads)")
+  if fmt == "hf" and cfg.positions == "learned" and not cfg.pre_norm:
+    problems.append("learned positions with post-norm (MarianMTModel recomputes its sinusoids when it "
+                    "loads; a pre-norm model exports as Pegasus, which keeps the table; or export to "
+                    "ctranslate2)")
   # The family switches (docs/family.md): both formats hold the paper's encoder-decoder only.
   defaults = dict(arch="encoder_decoder", num_kv_heads=None, activation="relu", norm="layernorm")
   for name, default in defaults.items():
@@ -51,10 +49,7 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
   if cfg.positions not in ("sinusoidal", "learned"):
     problems.append(f"positions={cfg.positions!r} (the {fmt} export holds sinusoidal or learned "
                     f"positions only)")
-  elif cfg.positions == "learned" and fmt == "hf" and not cfg.learned_positions:
-    problems.append("positions='learned' (Marian has sinusoidal positions only; export to ctranslate2 "
-                    "instead)")
-  if cfg.position_kind != "learned" and cfg.d_model % 2:
+  if cfg.positions != "learned" and cfg.d_model % 2:
     problems.append(f"odd d_model={cfg.d_model}")
   if problems:
     raise UnsupportedOption(f"cannot export this model to {fmt}: unsupported option(s): "
@@ -121,7 +116,7 @@ def neutral_weights(params, cfg: TransformerConfig) -> dict[str, np.ndarray]:
     out["decoder.embed_tokens.weight"] = _np(params["decoder"]["embed"]["table"]["embedding"])[:, perm]
     out["lm_head.weight"] = _np(params["output_projection"]["kernel"]).T[:, perm]   # [vocab, d_model]
   for stack in ("encoder", "decoder"):
-    if cfg.position_kind == "learned":
+    if cfg.positions == "learned":
       positions = _np(params[stack]["embed"]["positions"]["embedding"])             # [max_len, d_model]
     else:
       positions = np.asarray(sinusoid(np.arange(cfg.max_len), cfg.d_model), np.float32)

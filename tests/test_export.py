@@ -128,8 +128,11 @@ def test_hf_directory_loads_and_its_logits_equal_ours(run):
 
 
 def test_exact_with_matching_epsilon_and_unshared_biasfree_variant(run):
+  """Marian (post-norm) and Pegasus (pre-norm: learned positions, separate tables, no attention bias)."""
   vocab = run["vocab"]
-  for switches in (dict(layer_norm_epsilon=1e-5), dict(share_embeddings=False, attention_bias=False)):
+  for switches in (dict(layer_norm_epsilon=1e-5), dict(share_embeddings=False, attention_bias=False),
+                   dict(pre_norm=True, layer_norm_epsilon=1e-5),
+                   dict(pre_norm=True, positions="learned", share_embeddings=False, attention_bias=False)):
     cfg = TransformerConfig(vocab_size=vocab.size, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
                             num_decoder_layers=2, **switches)
     params = perturbed_init(cfg, seed=3)
@@ -140,7 +143,7 @@ def test_exact_with_matching_epsilon_and_unshared_biasfree_variant(run):
     tgt[:, 0] = 2
     ours = np.asarray(Transformer(cfg).apply({"params": params}, src, tgt))
     with torch.no_grad():
-      theirs = hf_export.to_marian(params, cfg, vocab)(
+      theirs = hf_export.to_hf(params, cfg, vocab)(
           input_ids=torch.from_numpy(src).long(), attention_mask=torch.from_numpy(src != 0),
           decoder_input_ids=torch.from_numpy(tgt).long()).logits.numpy()
     tol = 2e-6 if "layer_norm_epsilon" in switches else 1e-4
@@ -172,7 +175,7 @@ def test_greedy_is_identical_in_ours_hf_and_ctranslate2(run):
 def test_ctranslate2_scores_equal_ours_for_every_switch(run, tmp_path):
   """Pre-norm, learned positions, unshared embeddings, bias-free attention: CTranslate2 takes them all."""
   vocab = run["vocab"]
-  cfg = run["cfg"].replace(pre_norm=True, learned_positions=True, share_embeddings=False,
+  cfg = run["cfg"].replace(pre_norm=True, positions="learned", share_embeddings=False,
                            attention_bias=False)
   params = perturbed_init(cfg, seed=5)
   out = ct2_export.export_ctranslate2(params, cfg, vocab, run["workdir"] / "vocab.model", tmp_path / "ct2")
@@ -191,16 +194,19 @@ def test_ctranslate2_scores_equal_ours_for_every_switch(run, tmp_path):
 
 def test_unsupported_options_are_refused_by_name(run, tmp_path):
   cfg = run["cfg"]
-  for switch, name in ((dict(pre_norm=True), "pre_norm"), (dict(learned_positions=True), "learned_positions"),
-                       (dict(d_k=4), "d_k")):
-    with pytest.raises(export.UnsupportedOption, match=name):
-      export.check_exportable(cfg.replace(**switch), "hf")
+  with pytest.raises(export.UnsupportedOption, match="d_k"):
+    export.check_exportable(cfg.replace(d_k=4), "hf")
   with pytest.raises(export.UnsupportedOption, match="d_k=4 != d_v=8"):
     export.check_exportable(cfg.replace(d_k=4), "ctranslate2")
-  export.check_exportable(cfg.replace(pre_norm=True, learned_positions=True), "ctranslate2")
+  with pytest.raises(export.UnsupportedOption, match="activation"):
+    export.check_exportable(cfg.replace(activation="gelu"), "hf")
+  with pytest.raises(export.UnsupportedOption, match="learned positions with post-norm"):
+    export.check_exportable(cfg.replace(positions="learned"), "hf")
+  for fmt in export.FORMATS:   # pre-norm (Pegasus on Hugging Face) with learned positions goes to both
+    export.check_exportable(cfg.replace(pre_norm=True, positions="learned"), fmt)
   # The command line names the option and exits non-zero.
   config = json.loads((run["workdir"] / "config.json").read_text())
-  config["model"]["pre_norm"] = True
+  config["model"]["d_k"] = 4
   (tmp_path / "config.json").write_text(json.dumps(config))
   (tmp_path / "vocab.model").write_bytes((run["workdir"] / "vocab.model").read_bytes())
   with pytest.raises(SystemExit) as exit_info:

@@ -1,0 +1,160 @@
+"""Exports translate as `python -m decode` does, called the way each library documents.
+
+A tiny run is trained for a few hundred steps on a word-for-word toy language (held-out test sentences),
+exported with `python -m export`, and translated three ways: `python -m decode`, Hugging Face
+(AutoTokenizer + AutoModelForSeq2SeqLM.generate) and CTranslate2 (SentencePiece pieces into
+Translator.translate_batch). The libraries get only the export directory and its README's calls: no
+token appended by hand, no id of ours. Greedy output must be identical in float32; the beam BLEU within
+0.5 (the length penalties differ: ours is GNMT's, theirs L^alpha).
+
+The default suite covers the README's recipe for your own corpus (pre-norm, source EOS: Pegasus);
+`-m slow` adds post-norm (Marian) and runs without source EOS.
+"""
+import json
+import pathlib
+import random
+
+import pytest
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the interop extra (pip install -e '.[interop]')")
+torch = pytest.importorskip("torch", reason="the interop extra (pip install -e '.[interop]')")
+transformers = pytest.importorskip("transformers", reason="the interop extra (pip install -e '.[interop]')")
+import sentencepiece as spm
+
+from decode import __main__ as decode_cli
+from decode.bleu import sacrebleu_score
+from experiments.default import get_config
+from export import __main__ as export_cli
+from train.train import train_and_evaluate
+
+# A toy language pair: every English word has one translation, and adjectives follow their noun.
+LEXICON = dict(the="el", a="un", cat="gato", dog="perro", bird="pajaro", fish="pez", house="casa",
+               tree="arbol", river="rio", hill="cerro", red="rojo", blue="azul", big="grande",
+               small="chico", sees="ve", eats="come", likes="quiere", near="cerca", under="bajo")
+ADJECTIVES = ("red", "blue", "big", "small")
+NOUNS = ("cat", "dog", "bird", "fish", "house", "tree", "river", "hill")
+STEPS = 200   # enough for a model that translates most test sentences, not all
+
+
+def toy_pair(rng):
+  def phrase():
+    words = [rng.choice(("the", "a"))] + [rng.choice(ADJECTIVES) for _ in range(rng.randint(0, 1))]
+    return words + [rng.choice(NOUNS)]
+  src = phrase() + [rng.choice(("sees", "eats", "likes"))] + phrase()
+  if rng.random() < 0.4:
+    src += [rng.choice(("near", "under"))] + phrase()
+  tgt, i = [], 0
+  while i < len(src):   # "the red cat" -> "el gato rojo"
+    if src[i] in ADJECTIVES:
+      tgt += [LEXICON[src[i + 1]], LEXICON[src[i]]]
+      i += 2
+    else:
+      tgt.append(LEXICON[src[i]])
+      i += 1
+  return " ".join(src) + " .", " ".join(tgt) + " ."
+
+
+def write_corpus(folder: pathlib.Path) -> dict:
+  """Writes train/dev/test.tsv (no test or dev source in train); returns the splits' pairs."""
+  rng = random.Random(0)
+  held_out, splits = set(), {}
+  for split, n in (("test", 200), ("dev", 40), ("train", 3000)):
+    pairs = []
+    while len(pairs) < n:
+      pair = toy_pair(rng)
+      if pair[0] not in held_out:
+        pairs.append(pair)
+        if split != "train":
+          held_out.add(pair[0])
+    splits[split] = pairs
+    (folder / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+  return splits
+
+
+def train_tiny(folder: pathlib.Path, pre_norm: bool, source_eos: bool) -> pathlib.Path:
+  """Trains a 1+1-layer model on the toy corpus in `folder`; returns its run directory."""
+  config = get_config("smoke")
+  config.model.update(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                      max_len=48, pre_norm=pre_norm)
+  config.data.update(source="files", train_path=str(folder / "train.tsv"), dev_path=str(folder / "dev.tsv"),
+                     test_path=str(folder / "test.tsv"), vocab_size=64, vocab_sample_sentences=3000,
+                     batch_tokens=512, max_len=48, source_eos=source_eos)
+  config.train.update(num_steps=STEPS, warmup_steps=30, learning_rate=1e-2, log_every=100,
+                      eval_every=10_000, bleu_every=0, checkpoint_every_steps=10_000, test_bleu=False,
+                      tensorboard=False, progress=False)
+  config.decode.update(beam_size=4, alpha=0.6)
+  workdir = folder / f"run_{'pre' if pre_norm else 'post'}_{'eos' if source_eos else 'noeos'}"
+  train_and_evaluate(config, workdir)
+  return workdir
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# Three ways to translate: ours, and each library as its documentation shows.
+# ----------------------------------------------------------------------------------------------------
+def ours(workdir, sources, tmp_path, greedy: bool) -> list[str]:
+  """`python -m decode` (in this process): greedy (--temperature 0), or the run's beam and alpha."""
+  src, out = tmp_path / "ours.src", tmp_path / f"ours_{greedy}.hyp"
+  src.write_text("".join(s + "\n" for s in sources))
+  decode_cli.main(["--workdir", str(workdir), "--input", str(src), "--output", str(out)]
+                  + (["--temperature", "0"] if greedy else []))
+  return out.read_text().splitlines()
+
+
+def hugging_face(out_dir, sources, greedy: bool) -> list[str]:
+  """AutoTokenizer + AutoModelForSeq2SeqLM.generate, called as the directory's README says (the
+  generation settings come from generation_config.json)."""
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out_dir)
+  model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out_dir).eval()
+  source_eos = json.loads((out_dir / "aiayn_export.json").read_text())["source_eos"]
+  batch = tokenizer(sources, padding=True, return_tensors="pt", add_special_tokens=source_eos)
+  with torch.no_grad():
+    generated = model.generate(**batch, **(dict(num_beams=1, do_sample=False) if greedy else {}))
+  return tokenizer.batch_decode(generated, skip_special_tokens=True)
+
+
+def ct2(out_dir, sources, greedy: bool) -> list[str]:
+  """SentencePiece pieces into ctranslate2.Translator.translate_batch, as CTranslate2's docs show."""
+  sp = spm.SentencePieceProcessor(model_file=str(out_dir / "source.spm"))
+  settings = json.loads((out_dir / "aiayn_export.json").read_text())
+  translator = ctranslate2.Translator(str(out_dir), device="cpu", intra_threads=1)
+  results = translator.translate_batch(
+      sp.encode(sources, out_type=str), beam_size=1 if greedy else settings["beam_size"],
+      length_penalty=settings["alpha"])
+  return [sp.decode(r.hypotheses[0]) for r in results]
+
+
+def check_exports_translate_like_decode(tmp_path, pre_norm: bool, source_eos: bool):
+  splits = write_corpus(tmp_path)
+  workdir = train_tiny(tmp_path, pre_norm, source_eos)
+  sources = [s for s, _ in splits["test"]]
+  references = [t for _, t in splits["test"]]
+  exports = {}
+  for fmt in ("hf", "ctranslate2"):
+    exports[fmt] = tmp_path / f"export_{fmt}"
+    export_cli.main(["--workdir", str(workdir), "--format", fmt, "--out", str(exports[fmt])])
+  config = json.loads((exports["hf"] / "config.json").read_text())
+  assert config["architectures"] == ["PegasusForConditionalGeneration" if pre_norm else "MarianMTModel"]
+  assert json.loads((exports["ctranslate2"] / "config.json").read_text())["add_source_eos"] == source_eos
+
+  greedy = ours(workdir, sources, tmp_path, greedy=True)
+  assert len(set(greedy)) > len(sources) // 2 and sum(g == r for g, r in zip(greedy, references)) >= 5
+  assert hugging_face(exports["hf"], sources, greedy=True) == greedy
+  assert ct2(exports["ctranslate2"], sources, greedy=True) == greedy
+
+  bleu = {"ours": sacrebleu_score(ours(workdir, sources, tmp_path, greedy=False), references)[0],
+          "hf": sacrebleu_score(hugging_face(exports["hf"], sources, greedy=False), references)[0],
+          "ct2": sacrebleu_score(ct2(exports["ctranslate2"], sources, greedy=False), references)[0]}
+  assert 20 < bleu["ours"] < 100, bleu   # a model that translates, not perfectly
+  assert abs(bleu["hf"] - bleu["ours"]) <= 0.5 and abs(bleu["ct2"] - bleu["ours"]) <= 0.5, bleu
+
+
+def test_pre_norm_with_source_eos_translates_like_decode(tmp_path):
+  """The README's recipe for your own corpus (experiments/small_corpus.py): pre-norm, source EOS."""
+  check_exports_translate_like_decode(tmp_path, pre_norm=True, source_eos=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pre_norm,source_eos", [(False, False), (False, True), (True, False)])
+def test_every_layer_order_and_source_eos_translates_like_decode(tmp_path, pre_norm, source_eos):
+  check_exports_translate_like_decode(tmp_path, pre_norm=pre_norm, source_eos=source_eos)
