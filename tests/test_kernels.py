@@ -5,6 +5,8 @@ in test_dropout.py, the fused loss in test_train_step.py, the beam-slot search i
 cached decoding with either cache in test_model.py.
 """
 import functools
+import pathlib
+import re
 
 import flax.linen as nn
 import jax
@@ -523,3 +525,32 @@ def _panel_reference():
   rng = np.random.default_rng(0)
   x, table = rng.standard_normal((64, 200)), rng.standard_normal((1000, 200))
   return x @ table.T
+
+
+def test_model_init_and_training_never_build_the_cpu_decoding_kernels(monkeypatch):
+  """Only decoding asks for the C++ kernels: init, the forward pass and its gradient on the CPU path run
+  without them (here: with the build made to fail loudly)."""
+  def refuse():
+    raise AssertionError("the C++ decoding kernels were asked for outside decoding")
+  monkeypatch.setattr(cpu_decoding, "available", refuse)
+  cfg = SMALL.replace(kernels="cpu")
+  ids = _ids(np.random.default_rng(0), (2, 6))
+  model = Transformer(cfg)
+  params = model.init({"params": jax.random.key(0)}, ids, ids)["params"]
+  jax.grad(lambda p: jnp.sum(model.apply({"params": p}, ids, ids)))(params)
+  with pytest.raises(AssertionError, match="outside decoding"):
+    init_cache(cfg, 2, 8)
+
+
+def test_every_environment_switch_is_in_the_accelerators_table():
+  """docs/accelerators.md lists every AIAYN_* variable that the code, scripts or tests read."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  read = set()
+  for pattern in ("*.py", "*.sh"):
+    for path in root.rglob(pattern):
+      if ".git" not in path.parts and "site-packages" not in path.parts:
+        read |= set(re.findall(r"AIAYN_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
+  doc = (root / "docs" / "accelerators.md").read_text()
+  table = doc[doc.index("## The CPU backend and its switches"):doc.index("## What is proven here")]
+  listed = set(re.findall(r"^\| `(AIAYN_[A-Z0-9_]+)`", table, re.M))
+  assert read and read <= listed, f"not in docs/accelerators.md's table: {sorted(read - listed)}"
