@@ -226,8 +226,9 @@ def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path
   texts = [s for pair in corpus["train"] for s in pair]
   # Same size, different pieces: only the fingerprint in the checkpoint's meta can tell.
   (foreign / "vocab.model").write_bytes(train_vocab(texts[::-1][:600], 400, seed=1, sample_sentences=600))
-  with pytest.raises(ValueError, match="fingerprint"):
+  with pytest.raises(SystemExit) as exit_info:   # one line `error: ...` naming both fingerprints, status 2
     decode_main(["--workdir", str(foreign), "--input", str(src), "--output", str(out)])
+  assert exit_info.value.code == 2 and "fingerprint" in capsys.readouterr().err
   assert not out.exists()
 
   bad = tmp_path / "bad.txt"
