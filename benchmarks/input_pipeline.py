@@ -131,9 +131,10 @@ def train_command(corpus: pathlib.Path, workdir: pathlib.Path, steps: int) -> li
 
 def timed_run(command, workdir: pathlib.Path, cache: pathlib.Path, log: pathlib.Path) -> dict:
   """Runs command; returns the seconds from its start to its first step (metrics.jsonl's step 1) and to
-  its end, and its peak resident memory in MiB (the kernel's count for the process, from wait4)."""
+  its end, its peak resident memory in MiB (the kernel's count for the process, from wait4), and the
+  peaks of its anonymous and file-backed parts (sampled every 50 ms)."""
   env = dict(os.environ, AIAYN_DATA_CACHE=str(cache))
-  metrics, first = workdir / "metrics.jsonl", None
+  metrics, first, peaks = workdir / "metrics.jsonl", None, {}
   start = time.monotonic()
   with open(log, "w") as out:
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -143,13 +144,27 @@ def timed_run(command, workdir: pathlib.Path, cache: pathlib.Path, log: pathlib.
         break
       if first is None and metrics.exists() and '"step": 1,' in metrics.read_text():
         first = time.monotonic() - start
+      for key, mib in _resident(process.pid).items():   # sampled: the kernel keeps only the total's peak
+        peaks[key] = max(peaks.get(key, 0.0), mib)
       time.sleep(0.05)
   process.returncode = os.waitstatus_to_exitcode(status)
   if process.returncode:
     raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}); see {log}")
   if first is None:
     raise RuntimeError(f"no first step in {metrics}; see {log}")
-  return {"first_step_s": first, "total_s": time.monotonic() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+  return {"first_step_s": first, "total_s": time.monotonic() - start, "peak_rss_mib": usage.ru_maxrss / 1024,
+          **{f"peak_{key.lower()}_mib": mib for key, mib in peaks.items()}}
+
+
+def _resident(pid: int) -> dict:
+  """{'RssAnon': MiB, 'RssFile': MiB} of a running process: its own memory, and the pages of files it
+  has mapped (the cache's, which the page cache holds once for every process of the host)."""
+  try:
+    lines = pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
+  except OSError:
+    return {}
+  return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in lines
+          if line.startswith(("RssAnon:", "RssFile:"))}
 
 
 def assembly(corpus: pathlib.Path, workdir: pathlib.Path, cache: pathlib.Path, batches: int) -> dict:
@@ -178,17 +193,20 @@ def scale(args) -> None:
   from data import synthetic
   sizes = [int(n) for n in args.pairs.split(",")]
   root = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="aiayn_input_scale_"))
-  base = synthetic.generate(0, {"train": min(200_000, max(sizes))})
+  base = None if args.reuse else synthetic.generate(0, {"train": min(200_000, max(sizes))})
   results = []
   for pairs in sizes:
     folder = root / str(pairs)
-    shutil.rmtree(folder, ignore_errors=True)
     corpus, cache = folder / "corpus", folder / "cache"
-    _, seconds = _time(lambda: write_corpus(corpus, pairs, base))
+    reuse = args.reuse and (corpus / "train.tsv").exists()   # --reuse: only the warm run, on what is there
+    if not reuse:
+      shutil.rmtree(folder, ignore_errors=True)
+    _, seconds = _time(lambda: None if reuse else write_corpus(corpus, pairs, base))
     row = {"pairs": pairs, "corpus_mib": (corpus / "train.tsv").stat().st_size / 2 ** 20,
            "write_corpus_s": seconds}
-    for run in ("cold", "warm"):   # cold: no cache (vocabulary and tokens made); warm: a new run directory
+    for run in ("warm",) if reuse else ("cold", "warm"):   # cold: nothing cached; warm: a new run directory
       workdir = folder / f"run_{run}"
+      shutil.rmtree(workdir, ignore_errors=True)
       row[run] = timed_run(train_command(corpus, workdir, args.steps), workdir, cache, folder / f"{run}.log")
       print(f"{pairs:,} pairs, {run}: {row[run]}", flush=True)
     row["cache_mib"] = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2 ** 20
@@ -206,16 +224,18 @@ def scale(args) -> None:
 
 def markdown(results, steps: int) -> str:
   """The table docs/data.md shows."""
-  mib = lambda x: f"{x:,.0f}"
+  mib = lambda run, key: f"{run[key]:,.0f}" if run and key in run else "-"
+  sec = lambda run: f"{run['first_step_s']:.1f}" if run else "-"
   rate = lambda x: f"{x / 1e6:.1f}M"
   head = ("| pairs | TSV MiB | cache MiB | cold start s | warm start s | peak RSS cold MiB | peak RSS warm MiB "
-          "| packed 2,048: 1 process | 2 processes, each | bucketed 25,000: 1 process | 2 processes, each |")
-  lines = [head, "|" + "---|" * 11]
+          "| of which anonymous / file pages | packed 2,048: 1 process | 2 processes, each "
+          "| bucketed 25,000: 1 process | 2 processes, each |")
+  lines = [head, "|" + "---|" * 12]
   for r in results:
-    a = r["assembly"]
-    lines.append(f"| {r['pairs']:,} | {mib(r['corpus_mib'])} | {mib(r['cache_mib'])} "
-                 f"| {r['cold']['first_step_s']:.1f} | {r['warm']['first_step_s']:.1f} "
-                 f"| {mib(r['cold']['peak_rss_mib'])} | {mib(r['warm']['peak_rss_mib'])} "
+    a, cold, warm = r["assembly"], r.get("cold"), r["warm"]
+    lines.append(f"| {r['pairs']:,} | {r['corpus_mib']:,.0f} | {r['cache_mib']:,.0f} | {sec(cold)} | {sec(warm)} "
+                 f"| {mib(cold, 'peak_rss_mib')} | {mib(warm, 'peak_rss_mib')} "
+                 f"| {mib(warm, 'peak_rssanon_mib')} / {mib(warm, 'peak_rssfile_mib')} "
                  f"| {rate(a['packed_2048_1p'])} | {rate(a['packed_2048_2p'])} "
                  f"| {rate(a['bucketed_25000_1p'])} | {rate(a['bucketed_25000_2p'])} |")
   return "\n".join(lines)
@@ -258,6 +278,8 @@ def main(argv=None) -> None:
   parser.add_argument("--dir", default="", help="--pairs: where corpora, caches and runs go (default: a "
                       "new temporary folder)")
   parser.add_argument("--keep", action="store_true", help="--pairs: keep each size's files")
+  parser.add_argument("--reuse", action="store_true", help="--pairs: where --dir has a size's corpus and "
+                      "cache (from --keep), measure only the warm run and the assembly")
   parser.add_argument("--formats", action="store_true", help="reading a batch's pairs from ArrayRecord "
                       "against the cache's flat arrays")
   parser.add_argument("--out", default=str(OUT))
