@@ -1,17 +1,22 @@
 """Fast paths for XLA:CPU beside the plain model: same results as model/ and train/loss.py, laid out for
 one compiler. Each module holds one fast path and knows nothing about the Transformer; model/ops.py
 plugs them in (the way Flax plugs fp8 matmuls into Dense through `dot_general`) when
-TransformerConfig.kernels chooses them:
+TransformerConfig.kernels chooses them. For every pass (model.ops.ops_for):
 
   mixed_matmul   bfloat16-operand matmuls with float32 accumulation, custom gradient (mixed precision)
   flat_matmul    float32 dense layers with several contracted or output axes as one 2-D matmul
   dropout16      dropout drawing 16 random bits per element instead of 32
+  fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
+
+The CPU decoding backend, which only decoding on a CPU uses (model.ops.decoding_for):
+
   decode_cache   head-major decoding caches stored in the matmul dtype, and beam-slot caches that beam
                  search never copies
-  output_layer   the pre-softmax weights laid out once per set of parameters for decoding
-  fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
-  cpu_decoding  the decoding step's attention, and beam search's choice of candidates, as C++ custom
-                 calls (compiled on first use)
+  output_layer   the pre-softmax weights (and, in float32, the decoder's kernels) laid out once per set
+                 of parameters for decoding, as panels for the C++ product
+  cpu_decoding   the decoding step's attention, panel products and beam search's choice of candidates,
+                 as C++ custom calls (built on first use; in a program lowered for another platform, the
+                 XLA ops that compute the same)
 
 One module is not a layer's piece but a setting of the process, called by `python -m train` before it
 imports JAX:
