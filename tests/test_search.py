@@ -34,7 +34,7 @@ FAKE_TRAINER = textwrap.dedent("""
       sys.exit(print("ValueError: num_heads=3 does not divide d_model=32", file=sys.stderr) or 1)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    saved = sorted(int(p.name) for p in (workdir / "checkpoints").glob("*")) if (workdir / "checkpoints").exists() else []
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").glob("*"))
     start = saved[-1] if saved else 0
     workdir.mkdir(parents=True, exist_ok=True)
     old = (workdir / "metrics.jsonl").read_text().splitlines() if (workdir / "metrics.jsonl").exists() else []
@@ -45,7 +45,8 @@ FAKE_TRAINER = textwrap.dedent("""
       for step in range(start + 1, steps + 1):
         time.sleep(float(os.environ.get("FAKE_STEP_SECONDS", "0.1")))
         loss = 2.0 + abs(math.log10(lr) + 2.0) + 1.0 / step
-        f.write(json.dumps({"step": step, "eval/loss": loss + 0.1, "eval/nll": loss, "eval/bleu": 30.0 - loss}) + "\\n")
+        line = {"step": step, "eval/loss": loss + 0.1, "eval/nll": loss, "eval/bleu": 30.0 - loss}
+        f.write(json.dumps(line) + "\\n")
         f.flush()
         if stop:
           break
