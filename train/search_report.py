@@ -60,6 +60,11 @@ def progress_line(study, total: int) -> str:
           f"{n.get('failed', 0)} failed; {n.get('running', 0)} running; {best_text}")
 
 
+def _params(trial) -> dict:
+  """The trial's parameters; a queued one's are those it was queued with (Optuna's enqueue_trial)."""
+  return trial.params or dict(trial.system_attrs.get("fixed_params", {}))
+
+
 def rows(study, workdir: pathlib.Path, metric: str) -> list[dict]:
   """One row per trial, best first: complete trials by their value, then pruned ones by their last
   value, then running, queued, failed."""
@@ -76,7 +81,7 @@ def rows(study, workdir: pathlib.Path, metric: str) -> list[dict]:
     if trial.user_attrs.get("run_dir") and metrics_path.is_file():
       trained = max((line.get("step", 0) for line in metrics_io.read_metrics(trial_dir)), default=0)
     table.append({"trial": trial.number, "status": _state(trial), metric: value,
-                  "at_step": last_step, **{name: trial.params.get(name) for name in names},
+                  "at_step": last_step, **{name: _params(trial).get(name) for name in names},
                   "steps_trained": trained, "wall_clock_s": trial.user_attrs.get("seconds"),
                   "run_dir": trial.user_attrs.get("run_dir", ""),
                   "error": trial.user_attrs.get("error", "")})
