@@ -156,7 +156,8 @@ def _params(spec, overrides=()):
 def test_the_family_experiments_match_the_defaults_parameter_count():
   default = _params("default.py")
   assert default == 1_949_696
-  assert _params("decoder_only_mt.py") == 2_015_360 and _params("mlm.py") == 1_841_856
+  assert _params("decoder_only_mt.py") == 2_015_616 and _params("mlm.py") == 1_841_856
+  assert _params("decoder_only_mt.py:paper") == 2_015_360   # post-norm: no final LayerNorm
   for name in ("decoder_only_mt", "mlm", "lm"):
     assert abs(_params(f"{name}.py") / default - 1) < 0.07, name
   tasks = {name: experiments.load_experiment(str(ROOT / "experiments" / f"{name}.py")).data.task
