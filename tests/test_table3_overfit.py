@@ -51,7 +51,8 @@ def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
   assert (over.data.dev_path, over.data.test_path) == (cpu.data.dev_path, cpu.data.test_path)
   assert over.train.num_steps == T3.OVERFIT_STEPS > cpu.train.num_steps
   assert over.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * cpu.train.learning_rate, rel=1e-4)
-  assert 0 < over.train.bleu_every < over.train.num_steps   # dev BLEU is measured before the end
+  # Dev BLEU is measured before the end, at eval steps only (train/train.py), so on a multiple of eval_every.
+  assert 0 < over.train.bleu_every < over.train.num_steps and over.train.bleu_every % over.train.eval_every == 0
 
   cpu_rows, rows = _trials(f"cpu,corpus={corpus}"), _trials(f"cpu_overfit,corpus={corpus}")
   assert list(rows)[:len(cpu_rows)] == list(cpu_rows)
