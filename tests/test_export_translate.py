@@ -120,7 +120,7 @@ def ct2(out_dir, sources, greedy: bool) -> list[str]:
   translator = ctranslate2.Translator(str(out_dir), device="cpu", intra_threads=1)
   results = translator.translate_batch(
       sp.encode(sources, out_type=str), beam_size=1 if greedy else settings["beam_size"],
-      length_penalty=settings["alpha"])
+      length_penalty=settings["alpha"], min_decoding_length=0)
   return [sp.decode(r.hypotheses[0]) for r in results]
 
 
