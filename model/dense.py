@@ -45,7 +45,7 @@ class Dense(nn.Dense):
     return _panel_product(self, x, panels, 1, (self.features,))
 
   def decoding_panels(self, layout: Callable):
-    """layout (model/ops.py's Ops.layer_panels) applied to the kernel [d_in, d_out]."""
+    """layout (model/ops.py's Decoding.layer_panels) applied to the kernel [d_in, d_out]."""
     return _layout(self, 1, layout)
 
 
@@ -66,5 +66,5 @@ class DenseGeneral(nn.DenseGeneral):
     return _panel_product(self, x, panels, self._contracted(), features)
 
   def decoding_panels(self, layout: Callable):
-    """layout (model/ops.py's Ops.layer_panels) applied to the kernel as a matrix [d_in, d_out]."""
+    """layout (model/ops.py's Decoding.layer_panels) applied to the kernel as a matrix [d_in, d_out]."""
     return _layout(self, self._contracted(), layout)

@@ -119,10 +119,10 @@ def test_cached_decoding_equals_teacher_forcing(small, tgt_len, hyps_per_sentenc
 
 
 @pytest.mark.parametrize("kernels", ["reference", "cpu"])
-@pytest.mark.parametrize("switch", ["pre_norm", "learned_positions", "unshared", "no_bias",
+@pytest.mark.parametrize("switch", ["pre_norm", "learned", "unshared", "no_bias",
                                     "bf16_matmuls"])
 def test_cached_decoding_equals_teacher_forcing_with_switches(switch, kernels):
-  changes = {"pre_norm": dict(pre_norm=True), "learned_positions": dict(positions="learned"),
+  changes = {"pre_norm": dict(pre_norm=True), "learned": dict(positions="learned"),
              "unshared": dict(share_embeddings=False), "no_bias": dict(attention_bias=False),
              "bf16_matmuls": dict(matmul_dtype="bfloat16")}[switch]
   cfg = SMALL.replace(kernels=kernels, **changes)
@@ -318,7 +318,7 @@ def test_sinusoid_interleaves_sin_and_cos_as_the_formula():
                                           attention_dropout_rate=0.1, relu_dropout_rate=0.1),
                                      dict(kernels="reference", dropout_rate=0.1,
                                           attention_dropout_rate=0.1, relu_dropout_rate=0.1)],
-                         ids=["pre_norm", "learned_positions", "unshared", "bfloat16", "bf16_matmuls",
+                         ids=["pre_norm", "learned", "unshared", "bfloat16", "bf16_matmuls",
                               "bf16_matmuls_unshared", "no_bias_dropout", "reference_kernels"])
 def test_switches_run_forward_and_backward_and_trace_once(changes):
   cfg = SMALL.replace(**changes)
