@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 
 from data import (BatchIterator, DataError, check_vocab, load_pairs, make_eval_batches,
-                  make_train_iterator, synthetic, tokenize)
+                  make_train_iterator, synthetic, tokenize, tokenized)
 from data.batching import ORDER
 from data.vocab import BOS, EOS, Vocab, train_vocab
 from run import get_vocab
@@ -85,6 +85,19 @@ def test_tfds_source_reads_a_locally_prepared_dataset_in_either_direction(data_c
   assert sorted(en_de) == sorted(synthetic.generate(0, {"train": TRAIN_SIZE})["dev"])
   config.update(src_lang="de", tgt_lang="en")
   assert load_pairs(config, "dev") == [(t, s) for s, t in en_de]
+
+
+def test_tfds_source_is_tokenized_once_into_the_cache_in_record_order(data_config, vocab):
+  """WMT's path: a TFDS split read in chunks into the on-disk cache, pair i being record i."""
+  config = data_config.copy_and_resolve_references()
+  config.update(source="tfds", tfds_name=f"aiayn_synthetic/seed0_train{TRAIN_SIZE}")
+  pairs, texts = tokenized(config, vocab, "train"), load_pairs(config, "train")
+  assert len(pairs) == len(texts) == TRAIN_SIZE
+  for i in (0, 17, TRAIN_SIZE - 1):
+    np.testing.assert_array_equal(pairs.src[i], vocab.encode(texts[i][0]))
+    np.testing.assert_array_equal(pairs.tgt[i], vocab.encode(texts[i][1]))
+  assert pairs.origin(17) == f"{config.tfds_name}:train[17]"
+  assert next(make_train_iterator(config, vocab, seed=0, row_multiple=8))["src"].shape[0] % 8 == 0
 
 
 @pytest.mark.parametrize("changes, message", [
