@@ -136,8 +136,10 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
     def on_gpu(*args):
       try:
         return cudnn(*args)
-      except RuntimeError as error:   # jax's CUDA plugin is not installed where this is traced
-        _say("auto", f"on a GPU, cuDNN cannot be traced here ({error})", loud=backend == "gpu")
+      # RuntimeError: jax's CUDA plugin is not installed where this is traced; the others: a shape or
+      # layout that jax's cuDNN attention refuses (it checks when tracing)
+      except (RuntimeError, NotImplementedError, ValueError) as error:
+        _say("auto", f"on a GPU, cuDNN's attention cannot be traced here ({error})", loud=backend == "gpu")
         return reference(*args)
     branches["cuda"] = on_gpu
   if splash_why:
