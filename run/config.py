@@ -55,6 +55,23 @@ def load_run_config(workdir) -> ml_collections.ConfigDict:
   return config
 
 
+def check_resume(config: ml_collections.ConfigDict, workdir, has_checkpoints: bool) -> list[str]:
+  """The changes of `config` since workdir/config.json was written ("key: old -> new"); a change of the
+  model, data or seed of a run that has checkpoints is a UserError (kernels, remat and attention_impl
+  compute the same parameters, so they may change)."""
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return []
+  new = config.to_dict()
+  changes = diff_configs(with_model_defaults(read_config_json(path), new), new)
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
+           and not c.startswith(("model.kernels:", "model.remat:", "model.attention_impl:"))]
+  if fatal and has_checkpoints:
+    raise UserError(f"{path}: this run directory was trained with different settings "
+                    f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
+  return changes
+
+
 def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   """Dotted keys whose values differ between two nested dicts (missing keys count as different)."""
   keys = sorted(set(old) | set(new))

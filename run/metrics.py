@@ -57,6 +57,16 @@ class MetricsWriter:
       self._tb.close()
 
 
+class NoMetrics:
+  """What processes other than 0 write metrics to: nowhere."""
+
+  def write(self, step, metrics) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 def _is_report(record: dict) -> bool:
   return any(key.startswith(("eval/", "test/")) for key in record)
 

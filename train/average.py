@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from run import checkpoint as ckpt
+from train import multihost
 from run.user_errors import UserError, reported
 from run.workdir import WRITTEN_BY_TRAIN, run_file
 
@@ -67,6 +68,20 @@ def average_checkpoints(workdir, last: int) -> tuple[pathlib.Path, list[int]]:
   shutil.rmtree(final, ignore_errors=True)
   staging.rename(final)
   return final / str(chosen[-1]), chosen
+
+
+def average_and_test(workdir, last: int, test, writer, step: int):
+  """The end of a run that averages: process 0 writes the mean of the last `last` checkpoints to
+  workdir/averaged (the others wait), then every process scores it with `test` (parameters -> BLEU; None:
+  no test). Logs both with `writer` at `step`; returns (the steps averaged, the BLEU or None)."""
+  steps = average_checkpoints(workdir, last)[1] if multihost.is_primary() else None
+  multihost.barrier("averaged")
+  writer.write(step, {"test/averaged_steps": " ".join(map(str, steps or []))})
+  if test is None:
+    return steps, None
+  bleu = test(ckpt.load_params(workdir, "averaged")[0])
+  writer.write(step, {"test/bleu_averaged": bleu})
+  return steps, bleu
 
 
 def main(argv=None):

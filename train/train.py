@@ -1,7 +1,8 @@
 """The training driver: `train_and_evaluate(config, workdir)`.
 
 Reads top to bottom: run directory, mesh, data, model and optimizer, state (resume), steps, checkpoints,
-evaluation, the loop, and the final test-set BLEU.
+evaluation, the loop, and the final test-set BLEU. Initialisation from another run, early stopping, the
+log line and checkpoint averaging (train/average.py) are named helpers beside it.
 
 It trains config.data.task (data/tasks.py): translation (the default), decoder-only translation, a
 language model or a masked LM; the tasks differ only in their batches, and the last two have no BLEU.
@@ -22,7 +23,6 @@ TensorBoard, the console, the progress bar, the run-directory lock) by process 0
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 
@@ -42,7 +42,7 @@ from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run.mesh import make_mesh
 from run.user_errors import UserError
 from train import flops as flops_lib, multihost, schedules
-from train.average import average_checkpoints
+from train.average import average_and_test
 from train import step as step_lib
 from train.optimizer import make_optimizer
 from train.signals import SignalFlag
@@ -77,33 +77,6 @@ def _say(*args, **kwargs) -> None:
     print(*args, **kwargs)
 
 
-class _NoMetrics:
-  """What processes other than 0 write metrics to."""
-
-  def write(self, step, metrics) -> None:
-    pass
-
-  def close(self) -> None:
-    pass
-
-
-def _check_config(config, workdir: pathlib.Path, has_checkpoints: bool) -> None:
-  """Refuses to resume a run whose model or data settings changed; notes other changes."""
-  path = workdir / config_io.CONFIG_FILE
-  if not path.exists():
-    return
-  new = config.to_dict()
-  old = config_io.with_model_defaults(config_io.read_config_json(path), new)
-  changes = config_io.diff_configs(old, new)
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))   # same parameters whichever
-           and not c.startswith(("model.kernels:", "model.remat:"))]        # kernels or remat compute them
-  if fatal and has_checkpoints:
-    raise UserError(f"{path}: this run directory was trained with different settings "
-                     f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
-  if changes:
-    _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
-
-
 def _evaluate(eval_fn, params, batches, mesh) -> dict:
   """Dev loss/ppl/accuracy over a list of host batches (one device-to-host fetch at the end)."""
   outs = jax.device_get([eval_fn(params, step_lib.place_batch(batch, mesh)) for batch in batches])
@@ -125,6 +98,45 @@ def _bleu(model, params, vocab, pairs, decode_config, source_eos):
       [s for s, _ in pairs])
   score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
   return float(score), signature, hyps
+
+
+def _init_from_checkpoint(spec: str, state, shardings):
+  """config.train.init_checkpoint = "RUN[:STEP|:averaged]" -> state with that run's parameters (the step
+  and the optimizer state stay fresh); parameters of another architecture or vocabulary: UserError."""
+  run, _, which = spec.partition(":")
+  init_params, init_step = ckpt.load_params(run, checkpoint_arg(which))
+  if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
+      a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
+                                         jax.tree_util.tree_leaves(state.params))):
+    raise UserError(f"config.train.init_checkpoint={spec!r}: its parameters do not "
+                     f"match config.model (different architecture or vocabulary size)")
+  _say(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
+  return state.replace(params=jax.device_put(init_params, shardings.params))
+
+
+def _early_stop(early: dict, dev_loss: float, patience: int, step: int) -> None:
+  """config.train.early_stop_evals: updates `early` (the best dev loss, the evals since it, whether the
+  run has stopped; saved in every checkpoint) with one evaluation's dev loss."""
+  better = dev_loss < early["best"]
+  early.update(best=min(early["best"], dev_loss), bad=0 if better else early["bad"] + 1)
+  if early["bad"] >= patience:
+    early["stopped"] = True
+    _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
+          f"stopping at step {step}")
+
+
+def _train_line(host: list, steps: int, seconds: float) -> dict:
+  """A log interval's metrics.jsonl line from its steps' metrics (host copies, oldest first)."""
+  line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
+  line["train/learning_rate"] = float(host[-1]["learning_rate"])
+  tokens = float(np.sum([float(m["tokens"]) for m in host]))
+  line["train/tokens"] = tokens
+  # Real (not padded) tokens per batch, source and target: what config.data.batch_tokens bounds.
+  line["train/src_tokens_per_batch"] = line.pop("train/src_tokens", 0.0)
+  line["train/tgt_tokens_per_batch"] = tokens / len(host)
+  line["train/tokens_per_sec"] = tokens / max(seconds, 1e-9)
+  line["train/steps_per_sec"] = steps / max(seconds, 1e-9)
+  return line
 
 
 def train_and_evaluate(config, workdir) -> Outcome:
@@ -154,7 +166,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
-  _check_config(config, workdir, bool(manager.all_steps()))
+  changes = config_io.check_resume(config, workdir, bool(manager.all_steps()))
+  if changes:
+    _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
   primary = multihost.is_primary()
 
   # ------------------------------------------------------------------------------------------------
@@ -225,16 +239,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   else:
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
-      run, _, which = tc.init_checkpoint.partition(":")
-      which = checkpoint_arg(which)
-      init_params, init_step = ckpt.load_params(run, which)
-      if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
-          a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
-                                             jax.tree_util.tree_leaves(state.params))):
-        raise UserError(f"config.train.init_checkpoint={tc.init_checkpoint!r}: its parameters do not "
-                         f"match config.model (different architecture or vocabulary size)")
-      state = state.replace(params=jax.device_put(init_params, shardings.params))
-      _say(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
+      state = _init_from_checkpoint(tc.init_checkpoint, state, shardings)
   start_step = int(state.step)
   if primary:
     config_io.save_config(config, workdir)
@@ -277,7 +282,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # Evaluation.
   # ------------------------------------------------------------------------------------------------
   # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
-  writer = _NoMetrics()
+  writer = metrics_io.NoMetrics()
   if primary:
     writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
                                       drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
@@ -321,17 +326,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       if every(tc.log_every, step) or step == num_steps:
         check_finite(step)
         host = jax.device_get(pending)
-        now = time.time()
-        line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
-        line["train/learning_rate"] = float(host[-1]["learning_rate"])
-        tokens = float(np.sum([float(m["tokens"]) for m in host]))
-        line["train/tokens"] = tokens
-        # Real (not padded) tokens per batch, source and target: what config.data.batch_tokens bounds.
-        line["train/src_tokens_per_batch"] = line.pop("train/src_tokens", 0.0)
-        line["train/tgt_tokens_per_batch"] = tokens / len(host)
-        line["train/tokens_per_sec"] = tokens / max(now - last_log_time, 1e-9)
-        line["train/steps_per_sec"] = (step - last_log_step) / max(now - last_log_time, 1e-9)
-        line.update(meter.report(now - last_log_time))
+        seconds = time.time() - last_log_time
+        line = _train_line(host, step - last_log_step, seconds)
+        line.update(meter.report(seconds))
         writer.write(step, line)
         bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
                         tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
@@ -343,12 +340,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         eval_result = evaluate(step, with_bleu=with_bleu)
         last_log_time = time.time()   # keep eval time out of tokens/s
         if patience:
-          better = eval_result["eval/loss"] < early["best"]
-          early.update(best=min(early["best"], eval_result["eval/loss"]), bad=0 if better else early["bad"] + 1)
-          if early["bad"] >= patience:
-            early["stopped"] = True
-            _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
-                  f"stopping at step {step}")
+          _early_stop(early, eval_result["eval/loss"], patience, step)
 
       minutes = (time.time() - last_save_time) / 60
       if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"]
@@ -383,16 +375,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     writer.write(step, {"test/bleu": bleu, "test/signature": signature})
     outcome.test_bleu, outcome.test_signature = bleu, signature
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
-  if average_last:
-    # The paper's reported models: the element-wise mean of the last average_last checkpoints.
-    # (process 0 writes it; the others wait, then all read it back)
-    outcome.averaged_steps = average_checkpoints(workdir, average_last)[1] if primary else None
-    multihost.barrier("averaged")
-    writer.write(step, {"test/averaged_steps": " ".join(map(str, outcome.averaged_steps or []))})
+  if average_last:   # the paper's reported models: the mean of the last average_last checkpoints
+    test = None   # parameters -> test BLEU
     if tc.test_bleu and translates:
-      averaged, _ = ckpt.load_params(workdir, "averaged")
-      bleu, _, _ = _bleu(model, averaged, vocab, test_pairs, config.decode, source_eos(config.data))
-      writer.write(step, {"test/bleu_averaged": bleu})
-      outcome.test_bleu_averaged = bleu
+      test = lambda params: _bleu(model, params, vocab, test_pairs, config.decode, source_eos(config.data))[0]
+    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(workdir, average_last, test,
+                                                                         writer, step)
   writer.close()
   return outcome
