@@ -143,6 +143,10 @@ def _build(reader, vocab, path: pathlib.Path, split: str) -> None:
           "length_dtype": length_dtypes, "origin": reader.origin, "vocab": vocab.fingerprint,
           "corpus": reader.fingerprint()}
   (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+  for name in tmp.iterdir():   # on disk before the rename makes the cache visible
+    handle = os.open(name, os.O_RDONLY)
+    os.fsync(handle)
+    os.close(handle)
   os.replace(tmp, path)
   print(f"[data] tokenized {pairs:,} {split} pairs ({totals['src']:,} + {totals['tgt']:,} tokens) "
         f"into {path}")
