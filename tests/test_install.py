@@ -169,7 +169,7 @@ LOWEST_TESTS = ["tests/test_install.py::test_no_private_jax_flax_optax_or_orbax_
                 "tests/test_model.py::test_future_target_tokens_never_change_earlier_logits",
                 "tests/test_train_step.py::test_one_device_equals_eight_devices",
                 "tests/test_checkpoint.py",
-                "tests/test_kernels.py::test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops",
+                "tests/test_cpu_decoding.py::test_beam_search_with_the_kernel_finds_what_it_finds_with_xla_ops",
                 "tests/test_translate.py::test_sampling_draws_the_same_samples_on_any_number_of_devices"]
 
 
