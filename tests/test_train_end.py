@@ -69,3 +69,20 @@ def test_metrics_report_real_source_and_target_tokens_per_batch(tmp_path):
     assert line["train/src_tokens_per_batch"] == (batch["src_segments"] != 0).sum()
     assert line["train/tgt_tokens_per_batch"] == (batch["tgt_segments"] != 0).sum()
     assert (batch["tgt_segments"] != 0).sum() < batch["tgt_segments"].size   # padding is not counted
+
+
+def test_init_checkpoint_starts_from_another_runs_parameters_and_refuses_another_architecture(tmp_path):
+  """config.train.init_checkpoint="RUN:STEP": the parameters are that run's (with a learning rate of 0 they
+  stay so), the step and optimizer start afresh; parameters of another shape are refused by name."""
+  from run.user_errors import UserError
+  train_and_evaluate(smoke_config(**{"train.num_steps": 2, "train.test_bleu": False}), tmp_path / "a")
+  frozen = smoke_config(**{"train.num_steps": 1, "train.test_bleu": False, "train.learning_rate": 0.0,
+                           "train.init_checkpoint": f"{tmp_path / 'a'}:2"})
+  assert train_and_evaluate(frozen, tmp_path / "b").step == 1
+  for a, b in zip(jax.tree_util.tree_leaves(ckpt.load_params(tmp_path / "a")[0]),
+                  jax.tree_util.tree_leaves(ckpt.load_params(tmp_path / "b")[0])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  other = smoke_config(**{"train.num_steps": 1, "train.test_bleu": False, "model.d_ff": 48,
+                          "train.init_checkpoint": str(tmp_path / "a")})
+  with pytest.raises(UserError, match="do not match config.model"):
+    train_and_evaluate(other, tmp_path / "c")
