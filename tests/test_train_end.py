@@ -1,6 +1,6 @@
 """The end of training as the paper reports it: the average of the last N checkpoints scored beside the
-final parameters (config.train.average_last), early stopping on dev loss, and the real tokens per batch in
-metrics.jsonl.
+final parameters (config.train.average_last), early stopping on dev loss, the real tokens per batch in
+metrics.jsonl; and the start from another run's parameters (config.train.init_checkpoint).
 """
 import pathlib
 
