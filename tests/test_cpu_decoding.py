@@ -12,21 +12,16 @@ import numpy as np
 import pytest
 
 from kernels import cpu_decoding, output_layer
-from model import Transformer, TransformerConfig, init_cache
+from model import Transformer, init_cache
 from model.dense import Dense, DenseGeneral
 from model.ops import decoding_for
+from test_kernels import SMALL
 
 # The C++ decoding kernels compile on first use; without a C++ compiler decoding uses XLA ops (the
 # README's fallback), so the tests of the kernels themselves skip, saying why.
 needs_compiler = pytest.mark.skipif(cpu_decoding.find_compiler() is None,
                                     reason="no C++ compiler (c++, g++ or $CXX): decoding uses XLA ops")
 
-SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
-                          num_decoder_layers=2, dropout_rate=0.0, max_len=32)
-
-
-def _ids(rng, shape):
-  return jnp.asarray(rng.integers(3, 40, size=shape), jnp.int32)
 
 
 def _attention_reference(q, k, v, visible):

@@ -18,16 +18,12 @@ from kernels import cpu_decoding, dropout16, flat_matmul
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import ops_for
 
-# The C++ decoding kernels compile on first use; without a C++ compiler decoding uses XLA ops (the
-# README's fallback), so the tests of the kernels themselves skip, saying why.
-needs_compiler = pytest.mark.skipif(cpu_decoding.find_compiler() is None,
-                                    reason="no C++ compiler (c++, g++ or $CXX): decoding uses XLA ops")
-
 SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, dropout_rate=0.0, max_len=32)
 
 
-def _ids(rng, shape):
+def random_ids(rng, shape):
+  """Token ids int32 `shape` of SMALL's vocabulary, past the special ids."""
   return jnp.asarray(rng.integers(3, 40, size=shape), jnp.int32)
 
 
@@ -97,7 +93,7 @@ def _loss_and_grads(cfg, params, src, tgt, dropout_key=None):
 def test_cpu_model_equals_reference_in_float32(changes):
   """Same logits and gradients (float32 rounding apart): the fast paths change layout, not arithmetic."""
   rng = np.random.default_rng(0)
-  src, tgt = _ids(rng, (3, 7)), _ids(rng, (3, 6))
+  src, tgt = random_ids(rng, (3, 7)), random_ids(rng, (3, 6))
   reference = SMALL.replace(kernels="reference", **changes)
   params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
   (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
@@ -112,7 +108,7 @@ def test_cpu_mixed_precision_equals_rounded_reference():
   agree to float32 rounding; the gradients differ only where the custom gradient also rounds the
   cotangent to bfloat16 (the reference's autodiff keeps it float32), i.e. at bfloat16 precision."""
   rng = np.random.default_rng(1)
-  src, tgt = _ids(rng, (3, 7)), _ids(rng, (3, 6))
+  src, tgt = random_ids(rng, (3, 7)), random_ids(rng, (3, 6))
   reference = SMALL.replace(kernels="reference", matmul_dtype="bfloat16")
   params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
   (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
@@ -167,7 +163,7 @@ def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam
   if not ffi:
     monkeypatch.setattr(cpu_decoding, "available", lambda: False)
   rng = np.random.default_rng(2)
-  src = _ids(rng, (2, 6)).at[0, 4:].set(0)
+  src = random_ids(rng, (2, 6)).at[0, 4:].set(0)
   reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
   params = Transformer(reference).init(jax.random.key(0), src, src)["params"]
   params = jax.tree.map(lambda p: p + 0.05, params)                  # biases that are not zero
