@@ -11,7 +11,8 @@ This package owns the run directory written by `python -m train` (layout in docs
     metrics.jsonl, tb/ run/metrics.py
 
 Decoding, export, averaging, the sweep table and notebooks open runs through here; nothing in `run/`
-imports train/, decode/ or export/ (tests/test_imports.py keeps it so).
+imports train/, decode/ or export/ (tests/test_imports.py keeps it so). What training and decoding share
+besides: `model_config` (the one place a config becomes a model) and run/mesh.py (the device mesh).
 """
 from __future__ import annotations
 
