@@ -50,7 +50,9 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
                                        beam_size=int(decoding["beam_size"]), alpha=float(decoding["alpha"]),
                                        max_len=cfg.max_len, hf_class=hf_class))
   (out / "aiayn_export.json").write_text(json.dumps(
-      {"workdir": str(pathlib.Path(workdir).absolute()), "step": int(opened.step), "format": fmt,
+      {"workdir": str(pathlib.Path(workdir).absolute()), "step": int(opened.step),
+       "checkpoint": "latest" if checkpoint is None else str(checkpoint), "format": fmt,
        "source_eos": source_eos, "layer_norm_epsilon": cfg.layer_norm_epsilon,
-       "beam_size": int(decoding["beam_size"]), "alpha": float(decoding["alpha"])}, indent=2) + "\n")
+       "beam_size": int(decoding["beam_size"]), "alpha": float(decoding["alpha"]),
+       "max_len": cfg.max_len}, indent=2) + "\n")
   return out
