@@ -104,10 +104,7 @@ def _main(argv) -> None:
     args.checkpoint = run.checkpoint_arg(args.checkpoint)
   except argparse.ArgumentTypeError as error:
     parser.error(str(error))
-  try:
-    run_config = run.load_run_config(args.workdir)
-  except FileNotFoundError as e:
-    fail(f"--workdir {args.workdir}: {e}")
+  run_config = run.load_run_config(args.workdir)   # a wrong run directory: one line, status 2
   task = tasks.task_of(run_config.data)
   if args.input is not None and not tasks.translates(run_config.data):
     fail(f"--input translates, but {args.workdir} was trained with config.data.task={task!r}"
