@@ -88,9 +88,11 @@ def test_scanned_model_decodes_after_unrolling():
   enc_out = model.apply({"params": params}, SRC, method="encode")
   memory = model.apply({"params": params}, enc_out, method="prepare_decoding")
   cache = init_cache(model.cfg, 2, TGT.shape[1])
+  step = jax.jit(lambda ids, cache: model.apply({"params": params}, ids, cache, memory, SRC != 0,
+                                                method="decode_step"))
   steps = []
   for t in range(TGT.shape[1]):
-    logits, cache = model.apply({"params": params}, TGT[:, t], cache, memory, SRC != 0, method="decode_step")
+    logits, cache = step(TGT[:, t], cache)
     steps.append(logits)
   np.testing.assert_allclose(jnp.stack(steps, 1), Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              atol=1e-4)

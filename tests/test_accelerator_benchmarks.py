@@ -1,0 +1,47 @@
+"""benchmarks/accelerator.py and benchmarks/remat_scan.py: their pieces, and docs quoting their JSON."""
+import json
+import pathlib
+
+import jax
+import pytest
+
+from benchmarks import accelerator, remat_scan
+from model import TransformerConfig
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
+
+
+def test_docs_quote_the_remat_and_scan_results():
+  """docs/accelerators.md holds the table `render` makes of every remat_scan results file."""
+  page = DOCS.read_text()
+  files = sorted(accelerator.RESULTS.glob("remat_scan-*.json"))
+  assert files, "no results: python -m benchmarks.remat_scan"
+  for path in files:
+    assert remat_scan.render(json.loads(path.read_text())) in page, f"{path.name}: docs are stale"
+
+
+def test_check_command_names_the_attention_and_sizes_models_for_a_cpu():
+  impl = accelerator.attention_impl("cpu")
+  assert impl == ("xla (auto)" if getattr(TransformerConfig(), "attention_impl", "auto") == "auto" else impl)
+  cfg = accelerator.model_config("big", "cpu", remat="full")
+  assert (cfg.d_model, cfg.dtype, cfg.remat) == (128, "bfloat16", "full")
+  assert accelerator.model_config("big", "gpu").d_model == 1024   # the paper's size elsewhere
+
+
+@pytest.mark.slow
+def test_largest_batch_search_stops_at_the_budget():
+  cfg = TransformerConfig(vocab_size=100, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=1, max_len=64, kernels="reference")
+  devices = jax.devices()[:1]
+  small = accelerator.Step(cfg, rows=2, seq_len=16, devices=devices).memory()["footprint"]
+  found = accelerator.largest_batch(cfg, 16, budget=small * 3, start_tokens=32, max_tokens=16 * 64,
+                                    devices=devices)
+  assert 32 <= found["tokens_per_device"] < 16 * 64 and found["footprint"] <= small * 3
+
+
+@pytest.mark.slow
+def test_remat_scan_smoke_measures_every_part():
+  result = remat_scan.main(["--smoke", "--part", "memory,scan"])
+  assert set(result["memory"]["scanned/ratios"]) == {"none", "minimal", "full"}
+  assert result["memory"]["scanned/ratios"]["full"] < 1.0    # remat keeps less inside a scan
+  assert result["scan"]["compile_s"]["scanned"][0] > 0
