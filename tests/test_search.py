@@ -212,9 +212,9 @@ def test_pruned_real_trial_resumes_by_hand(tmp_path):
   saved a checkpoint, and its command, rerun by hand, resumes the run and finishes it."""
   out = tmp_path / "real"
   spec = str(ROOT / "experiments" / "default.py") + ":smoke"
-  shared = ["config.train.num_steps=4", "config.train.eval_every=2", "config.train.bleu_every=0",
-            "config.train.test_bleu=False", "config.train.tensorboard=False",
-            "config.train.checkpoint_every_steps=100"]
+  shared = ["config.train.num_steps=120", "config.train.eval_every=30", "config.train.log_every=30",
+            "config.train.bleu_every=0", "config.train.test_bleu=False", "config.train.tensorboard=False",
+            "config.train.checkpoint_every_steps=1000"]
   original = search.make_pruner
   search.make_pruner = lambda *args: optuna.pruners.ThresholdPruner(upper=0.0)
   try:
@@ -223,13 +223,14 @@ def test_pruned_real_trial_resumes_by_hand(tmp_path):
     search.make_pruner = original
   assert counts == {"pruned": 1}
   trial_dir = out / "trial_0000"
-  stopped = max(l["step"] for l in metrics_io.read_metrics(trial_dir))
-  assert 2 <= stopped < 4 and (trial_dir / "checkpoints" / str(stopped)).is_dir()
+  saved = [int(p.name) for p in (trial_dir / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(saved) == 1 and 30 <= saved[0] < 120, saved   # the step SIGTERM stopped it at
   command = sweep.read_status(trial_dir)["command"]
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   steps = [l["step"] for l in metrics_io.read_metrics(trial_dir) if "eval/loss" in l]
-  assert steps == [2, 4], steps
+  assert steps == [30, 60, 90, 120], steps
+  assert sweep.read_status(trial_dir)["status"] == "pruned"
 
 
 @pytest.mark.parametrize("name", ["default.py", "small_corpus.py"])

@@ -240,6 +240,8 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
   step, value = values[-1] if values else (0, None)
   if process.returncode != 0:
     outcome = Outcome("failed", value, step, last_line(trial_dir / sweep.LOG), seconds)
+  elif (interrupted or pruned) and sweep.reached_end(trial_dir):   # SIGTERM came after the last step
+    outcome = Outcome("complete", value, step, "", seconds)
   elif interrupted:
     outcome = Outcome("interrupted", value, step, f"interrupted by {stop.received}", seconds)
   elif pruned:
