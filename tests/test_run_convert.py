@@ -1,5 +1,6 @@
 """`python -m run.convert`: a run rewritten in the scanned or the unrolled layout resumes and decodes."""
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -63,3 +64,36 @@ def test_convert_to_scanned_and_back(tmp_path):
   back, step = ckpt.load_params(tmp_path / "back")
   assert step == 3
   _equal(back, params)
+
+
+@pytest.mark.slow
+def test_scanned_run_trains_averages_decodes_converts_and_resumes(tmp_path):
+  """A smoke run with scanned layers: its average and its decoding (run.load_run unrolls it) work, and
+  its unrolled conversion resumes to the numbers the scanned run itself reaches."""
+  import experiments
+  import run
+  from decode.translate import translate
+  from run import metrics as metrics_io
+  from train.average import average_checkpoints
+  from train.train import TIMING_KEYS, train_and_evaluate
+
+  def config(steps, scan):
+    c = experiments.load_experiment(str(pathlib.Path(__file__).resolve().parent.parent / "experiments"
+                                        / "default.py") + ":smoke")
+    return experiments.apply_overrides(c, {"train.num_steps": steps, "train.progress": False,
+                                           "train.tensorboard": False, "train.test_bleu": False,
+                                           "train.bleu_every": 0, "model.scan_layers": scan})
+  scanned = tmp_path / "scanned"
+  train_and_evaluate(config(2, True), scanned)
+  average_checkpoints(scanned, 1)
+  opened = run.load_run(scanned, "averaged")
+  assert not opened.model.cfg.scan_layers and "layers_0" in opened.params["decoder"]
+  assert translate(opened.model, opened.params, opened.vocab, ["the cat ."], beam_size=2, max_extra_len=3)
+  convert_run(scanned, tmp_path / "unrolled", False)
+  train_and_evaluate(config(4, False), tmp_path / "unrolled")
+  train_and_evaluate(config(4, True), scanned)
+  lines = lambda d: [{k: v for k, v in line.items() if k not in TIMING_KEYS and not isinstance(v, str)}
+                     for line in metrics_io.read_metrics(d) if line["step"] > 2]
+  for a, b in zip(lines(tmp_path / "unrolled"), lines(scanned), strict=True):
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-4)
