@@ -14,13 +14,15 @@ import ctranslate2, sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file="{out}/source.spm")
 translator = ctranslate2.Translator("{out}", device="cpu")
 results = translator.translate_batch(sp.encode(sentences, out_type=str), beam_size={beam},
-                                     length_penalty={alpha}, max_decoding_length={max_len},
+                                     length_penalty={alpha}, patience=2, max_decoding_length={max_len},
                                      min_decoding_length=0)
 translations = [sp.decode(r.hypotheses[0]) for r in results]
 ```
 
 {eos} Greedy search: `beam_size=1`. `min_decoding_length=0` lets a translation be empty, as ours can
-(CTranslate2's default, 1, forbids </s> as the first token).'''
+(CTranslate2's default, 1, forbids </s> as the first token). `patience=2` searches on after the first
+{beam} hypotheses have ended (the default, 1, stops there), as ours searches while a live hypothesis can
+still win.'''
 
 HF_CALL = '''```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
