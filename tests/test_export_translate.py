@@ -4,8 +4,9 @@ A tiny run is trained for a few hundred steps on a word-for-word toy language (h
 exported with `python -m export`, and translated three ways: `python -m decode`, Hugging Face
 (AutoTokenizer + AutoModelForSeq2SeqLM.generate) and CTranslate2 (SentencePiece pieces into
 Translator.translate_batch). The libraries get only the export directory and its README's calls: no
-token appended by hand, no id of ours. Greedy output must be identical in float32; the beam BLEU within
-0.5 (the length penalties differ: ours is GNMT's, theirs L^alpha).
+token appended by hand, no id of ours. Greedy output must be identical in float32 (short of a length
+limit); the beam BLEU of the two libraries within 0.5 of each other and within 1.0 of ours (the length
+penalties differ: ours is GNMT's, theirs L^alpha).
 
 The default suite covers the README's recipe for your own corpus (pre-norm, source EOS: Pegasus);
 `-m slow` adds post-norm (Marian) and runs without source EOS.
@@ -163,7 +164,10 @@ def check_exports_translate_like_decode(tmp_path, pre_norm: bool, source_eos: bo
           "hf": sacrebleu_score(hugging_face(exports["hf"], sources, greedy=False), references)[0],
           "ct2": sacrebleu_score(ct2(exports["ctranslate2"], sources, greedy=False), references)[0]}
   assert 20 < bleu["ours"] < 100, bleu   # a model that translates, not perfectly
-  assert abs(bleu["hf"] - bleu["ours"]) <= 0.5 and abs(bleu["ct2"] - bleu["ours"]) <= 0.5, bleu
+  # Both libraries divide by L^alpha and agree with each other; ours by GNMT's ((5 + L) / 6)^alpha. On
+  # this toy model that moved the BLEU by up to 0.7 (on the real corpus of docs/runs.md by 0.2).
+  assert abs(bleu["hf"] - bleu["ct2"]) <= 0.5, bleu
+  assert abs(bleu["hf"] - bleu["ours"]) <= 1.0 and abs(bleu["ct2"] - bleu["ours"]) <= 1.0, bleu
 
 
 def test_pre_norm_with_source_eos_translates_like_decode(tmp_path):
