@@ -216,7 +216,7 @@ def render_anatomy(result: dict) -> str:
 
 def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
   """The whole page: METHOD, a section per results file (throughput first), then the changes record."""
-  sections = [METHOD]
+  sections, others = [METHOD], []
   order = lambda path: (path.stem != "throughput", path.stem != "throughput-default",
                         not path.stem.startswith("throughput"), path.name)
   for path in sorted(pathlib.Path(results_dir).glob("*.json"), key=order):
@@ -231,9 +231,13 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
       render = render_kv_cache
     elif "stages" in result:
       render = render_input_pipeline
-    else:
+    else:   # rendered elsewhere (e.g. docs/data.md): linked here
+      others.append(f"- [`benchmarks/results/{path.name}`](../benchmarks/results/{path.name}): "
+                    f"{result.get('date', 'undated')}")
       continue
     sections.append(render(result) + "\n" + _source(path))
+  if others:
+    sections.append("\n".join(["## Other results files", "", *others, ""]))
   if pathlib.Path(changes).exists():
     sections.append(pathlib.Path(changes).read_text().strip() + "\n")
   return "\n".join(sections)

@@ -233,7 +233,7 @@ def test_performance_page_shows_every_results_file_and_its_ratios():
   page = pathlib.Path(report.PAGE).read_text()
   stale = "docs/performance.md is stale: run `python -m benchmarks.report`"
   names = sorted(p.name for p in report.RESULTS.glob("*.json"))
-  assert sorted(re.findall(r"Source: \[`benchmarks/results/([^`]+)`\]", page)) == names, stale
+  assert sorted(set(re.findall(r"\]\(\.\./benchmarks/results/([^)]+\.json)\)", page))) == names, stale
   for name in names:
     result = json.loads((report.RESULTS / name).read_text())
     assert result.get("date", "(undated)") in page, (name, stale)
