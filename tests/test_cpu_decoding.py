@@ -15,7 +15,7 @@ from kernels import cpu_decoding, output_layer
 from model import Transformer, init_cache
 from model.dense import Dense, DenseGeneral
 from model.ops import decoding_for
-from test_kernels import SMALL
+from test_kernels import SMALL, random_ids
 
 # The C++ decoding kernels compile on first use; without a C++ compiler decoding uses XLA ops (the
 # README's fallback), so the tests of the kernels themselves skip, saying why.
@@ -137,7 +137,7 @@ def _panel_products(cfg, src):
 def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_layer):
   """On the C++ path a step multiplies by every decoder kernel laid out once per set of parameters (and the output
   layer); cross-attention's keys and values stay out (computed once); mixed precision keeps XLA's dots."""
-  src = _ids(np.random.default_rng(0), (2, 5))
+  src = random_ids(np.random.default_rng(0), (2, 5))
   cfg = SMALL.replace(kernels="cpu", **changes)
   count, memory = _panel_products(cfg, src)
   assert count == per_layer * cfg.num_decoder_layers + 1
@@ -361,7 +361,7 @@ def test_model_init_and_training_never_build_the_cpu_decoding_kernels(monkeypatc
     raise AssertionError("the C++ decoding kernels were asked for outside decoding")
   monkeypatch.setattr(cpu_decoding, "available", refuse)
   cfg = SMALL.replace(kernels="cpu")
-  ids = _ids(np.random.default_rng(0), (2, 6))
+  ids = random_ids(np.random.default_rng(0), (2, 6))
   model = Transformer(cfg)
   params = model.init({"params": jax.random.key(0)}, ids, ids)["params"]
   jax.grad(lambda p: jnp.sum(model.apply({"params": p}, ids, ids)))(params)
