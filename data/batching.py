@@ -124,7 +124,7 @@ def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int 
   return -(-pairs // row_multiple) * row_multiple
 
 
-def _cuts(src_len, tgt_len, budget: int, cap: int | None = None, order=None) -> np.ndarray:
+def packing_cuts(src_len, tgt_len, budget: int, cap: int | None = None, order=None) -> np.ndarray:
   """Greedy cut points [0, e1, e2, ..., n] of the pairs `order` (default: all, in turn): each group takes
   pairs until the next would bring its source tokens or its target tokens (target + EOS: tgt_len + 1)
   over budget, or until it has cap pairs (never empty).
@@ -206,7 +206,7 @@ def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan
     bucket = _nonzero(which == b)
     if rng is not None:
       rng.shuffle(bucket)
-    cuts = _cuts(src_len, tgt_len, batch_tokens, bucket_rows(length, max_len, batch_tokens), order=bucket)
+    cuts = packing_cuts(src_len, tgt_len, batch_tokens, bucket_rows(length, max_len, batch_tokens), order=bucket)
     members.append(bucket)
     first.append(start + cuts[:-1])
     last.append(start + cuts[1:])
@@ -224,7 +224,7 @@ def plan_packed(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan:
   order = np.arange(len(src_len), dtype=_index_dtype(len(src_len)))
   if rng is not None:
     rng.shuffle(order)
-  row_bounds = _cuts(src_len, tgt_len, max_len, order=order)
+  row_bounds = packing_cuts(src_len, tgt_len, max_len, order=order)
   rows, per_batch = len(row_bounds) - 1, rows_for(max_len, batch_tokens, 1)
   first = np.arange(0, rows, per_batch)
   return Plan(order, first, np.minimum(first + per_batch, rows), np.full(len(first), max_len),

@@ -82,7 +82,7 @@ def tokenized(data_config, vocab, split: str = "train") -> TokenPairs:
   if not (path / "meta.json").exists():
     with _locked(path.with_name(path.name + ".lock"), f"tokenizing {split}"):
       if not (path / "meta.json").exists():   # another process may have made it while we waited
-        _build(reader, vocab, path, split)
+        build_cache(reader, vocab, path, split)
   return open_cache(path)
 
 
@@ -103,7 +103,7 @@ def open_cache(path) -> TokenPairs:
   return TokenPairs(*sides, origin=lambda i: meta["origin"].format(int(numbers[i])))
 
 
-def _build(reader, vocab, path: pathlib.Path, split: str) -> None:
+def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
   for stale in path.parent.glob(f"{path.name}.tmp*"):   # a killed build's; we hold the lock
     shutil.rmtree(stale, ignore_errors=True)
   tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")

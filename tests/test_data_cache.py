@@ -12,7 +12,7 @@ import pytest
 
 from data import cache, load_pairs, make_train_iterator, synthetic, tokenized
 from data import vocab as vocab_lib
-from data.batching import _cuts
+from data.batching import packing_cuts
 from experiments.default import get_config
 from run import get_vocab
 
@@ -145,13 +145,13 @@ def test_a_killed_cache_build_is_detected_and_made_again(corpus, tmp_path):
 def test_processes_waiting_on_the_lock_read_the_cache_one_of_them_made(corpus, tmp_path, monkeypatch):
   config = _config(corpus, tmp_path)
   vocab = get_vocab(config, tmp_path / "run")
-  build, builds = cache._build, []
+  build, builds = cache.build_cache, []
 
   def slow_build(*args):
     builds.append(1)
     time.sleep(0.5)   # the other waits on the lock meanwhile
     build(*args)
-  monkeypatch.setattr(cache, "_build", slow_build)
+  monkeypatch.setattr(cache, "build_cache", slow_build)
   out = [None, None]
   read = lambda i: out.__setitem__(i, tokenized(config, vocab))
   threads = [threading.Thread(target=read, args=(i,)) for i in (0, 1)]
@@ -207,7 +207,7 @@ def test_a_resume_on_another_device_count_gets_the_same_batches(corpus, tmp_path
 @pytest.mark.parametrize("cap", [None, 7])
 def test_cuts_are_the_groups_of_adding_one_pair_at_a_time(cap):
   rng = np.random.default_rng(0)
-  src = rng.integers(0, 20, 150_000).astype(np.uint16)   # longer than _cuts' window
+  src = rng.integers(0, 20, 150_000).astype(np.uint16)   # longer than packing_cuts' window
   tgt = rng.integers(0, 20, 150_000).astype(np.uint16)
   expected, used_src, used_tgt, size = [0], 0, 0, 0
   for i, (s, t) in enumerate(zip(src.tolist(), tgt.tolist())):
@@ -216,6 +216,6 @@ def test_cuts_are_the_groups_of_adding_one_pair_at_a_time(cap):
       used_src, used_tgt, size = 0, 0, 0
     used_src, used_tgt, size = used_src + s, used_tgt + t + 1, size + 1
   expected.append(len(src))
-  np.testing.assert_array_equal(_cuts(src, tgt, 40, cap), expected)
+  np.testing.assert_array_equal(packing_cuts(src, tgt, 40, cap), expected)
   order = rng.permutation(len(src))[:100_000]
-  np.testing.assert_array_equal(_cuts(src, tgt, 40, cap, order=order), _cuts(src[order], tgt[order], 40, cap))
+  np.testing.assert_array_equal(packing_cuts(src, tgt, 40, cap, order=order), packing_cuts(src[order], tgt[order], 40, cap))

@@ -28,7 +28,7 @@ def test_formula_matches_the_compiled_train_steps_cost_analysis(family):
                           num_decoder_layers=1, max_len=64, kernels="reference", **family)
   model, tx = Transformer(cfg), optax.adam(1e-3)
   batch = _batch(8, 40, 48)
-  state = jax.eval_shape(lambda key: step_lib._init_state(key, model, tx), jax.random.key(0))
+  state = jax.eval_shape(lambda key: step_lib.init_state(key, model, tx), jax.random.key(0))
   step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, schedule=lambda s: 1e-3,
                                    label_smoothing=0.1, loss_chunk_tokens=0))
   cost = step.lower(state, batch, jax.random.key(0)).compile().cost_analysis()

@@ -245,16 +245,16 @@ def test_shipped_search_spaces_set_existing_keys(name):
     study.tell(trial, 1.0)
 
 
-def _slurm_problem():
+def slurm_problem():
   sys.path.insert(0, str(ROOT / "tests"))
-  from test_slurm import _slurm_problem as problem   # one definition of "a SLURM cluster answers"
+  from test_slurm import slurm_problem as problem   # one definition of "a SLURM cluster answers"
   return problem()
 
 
 @pytest.mark.slow
 def test_study_on_slurm(tmp_path, fake):
   """The 6-trial smoke study with every trial a SLURM job; pruned trials get SIGTERM through scancel."""
-  problem = _slurm_problem()
+  problem = slurm_problem()
   if problem:
     pytest.skip(problem)
   out = tmp_path / "slurm"

@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
 
 
-def _slurm_problem() -> str | None:
+def slurm_problem() -> str | None:
   if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
     return "SLURM is not installed (run: sudo bash scripts/slurm_local.sh)"
   try:
@@ -40,7 +40,7 @@ def _slurm_problem() -> str | None:
   return None
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_slurm_problem() is not None, reason=str(_slurm_problem()))]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_problem() is not None, reason=str(slurm_problem()))]
 
 
 def _env(devices=2) -> dict:

@@ -30,7 +30,6 @@ trial as P processes (train/launch.py); on SLURM, --tasks_per_node and --nodes d
 """
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import platform
@@ -294,11 +293,10 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
 # Command line.
 # ------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m train.search", description=__doc__.split("\n\n")[0],
-      epilog="Other --config.KEY=VALUE flags fix that key for every trial of the study.")
-  parser.add_argument("--config", required=True, help="experiment file[:arg] with a search_space(trial)")
-  parser.add_argument("--workdir", required=True, help="study directory; trial N runs in DIR/trial_NNNN")
+  parser = sweep.experiment_parser(
+      "python -m train.search", __doc__, "Other --config.KEY=VALUE flags fix that key for every trial of the study.",
+      config_help="experiment file[:arg] with a search_space(trial)",
+      workdir_help="study directory; trial N runs in DIR/trial_NNNN")
   parser.add_argument("--trials", type=int, required=True, help="the study's total number of trials")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once in this worker (default 1)")
   parser.add_argument("--metric", choices=tuple(search_trial.METRICS), default="dev_nll",

@@ -89,7 +89,7 @@ def place_batch(batch: dict, mesh: Mesh) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # State.
 # ----------------------------------------------------------------------------------------------------
-def _init_state(params_key, model: Transformer, tx: optax.GradientTransformation) -> TrainState:
+def init_state(params_key, model: Transformer, tx: optax.GradientTransformation) -> TrainState:
   ids = jnp.ones((1, 2), jnp.int32)
   params = model.init({"params": params_key}, ids, ids)["params"]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -101,7 +101,7 @@ def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
 
   Returns (state, shardings) where shardings is a TrainState-shaped tree of NamedShardings.
   """
-  init = functools.partial(_init_state, model=model, tx=tx)
+  init = functools.partial(init_state, model=model, tx=tx)
   shardings = state_shardings(jax.eval_shape(init, params_key), mesh, fsdp)
   state = jax.jit(init, out_shardings=shardings)(params_key)
   return state, shardings
@@ -109,7 +109,7 @@ def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
 
 def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
   """(ShapeDtypeStructs with shardings, shardings) of the state, without computing anything."""
-  init = functools.partial(_init_state, model=model, tx=tx)
+  init = functools.partial(init_state, model=model, tx=tx)
   shapes = jax.eval_shape(init, jax.random.key(0))
   shardings = state_shardings(shapes, mesh, fsdp)
   abstract = jax.tree_util.tree_map(

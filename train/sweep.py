@@ -294,12 +294,20 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv, what: str):
   return args, rest
 
 
+def experiment_parser(prog: str, doc: str, epilog: str, *, config_help: str, workdir_help: str):
+  """The flags every command over an experiment's trials starts with: --config and --workdir."""
+  parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=epilog)
+  parser.add_argument("--config", required=True, help=config_help)
+  parser.add_argument("--workdir", required=True, help=workdir_help)
+  return parser
+
+
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m train.sweep", description=__doc__.split("\n\n")[0],
-      epilog="Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).")
-  parser.add_argument("--config", required=True, help="experiment file[:arg] with a sweep() function")
-  parser.add_argument("--workdir", required=True, help="sweep directory; trial NAME runs in DIR/NAME")
+  parser = experiment_parser(
+      "python -m train.sweep", __doc__,
+      "Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).",
+      config_help="experiment file[:arg] with a sweep() function",
+      workdir_help="sweep directory; trial NAME runs in DIR/NAME")
   parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
   parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
   add_launcher_flags(parser)
