@@ -62,15 +62,14 @@ def test_peak_table_and_override():
   assert flops.peak_flops(jax.devices()[:4], cfg, override=2e12) == (8e12, "config.train.peak_flops")
 
 
-def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+def test_cpu_peak_keeps_the_highest_probe(tmp_path, monkeypatch):
   monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
-  calls = []
-  monkeypatch.setattr(flops, "probe_peak", lambda dtype: calls.append(dtype) or 123e9)
+  probes = iter([100e9, 150e9, 120e9])   # the second probe ran on a quieter machine
+  monkeypatch.setattr(flops, "probe_peak", lambda dtype: next(probes))
   cfg = TransformerConfig()
-  assert flops.peak_flops(jax.devices(), cfg)[0] == 123e9   # the host's, whatever the fake device count
-  assert flops.peak_flops(jax.devices(), cfg)[0] == 123e9
-  assert calls == ["float32"]
-  assert list(json.loads((tmp_path / "peak_flops.json").read_text()).values()) == [123e9]
+  peaks = [flops.peak_flops(jax.devices(), cfg)[0] for _ in range(3)]   # the host's, whatever the fake devices
+  assert peaks == [100e9, 150e9, 150e9]
+  assert list(json.loads((tmp_path / "peak_flops.json").read_text()).values()) == [150e9]
 
 
 def test_probe_measures_a_matmul():

@@ -131,32 +131,33 @@ def probe_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
 
 
 def measured_peak(dtype: str) -> float:
-  """The CPU's matmul peak in `dtype`, probed once per CPU model, core count and jax version and cached
-  in ~/.cache/aiayn/peak_flops.json ($AIAYN_CACHE): a machine busy at the first probe keeps its low
-  number until the file is deleted."""
+  """The CPU's matmul peak in `dtype`: probed at every call, and the highest probe seen on this CPU model,
+  core count and jax version is kept in ~/.cache/aiayn/peak_flops.json ($AIAYN_CACHE), so a probe taken
+  while the machine was busy reads low once and is then replaced by a later, quieter one."""
   key = f"{_cpu_name()}|{os.cpu_count()} cpus|jax {jax.__version__}|{dtype}"
   path = _cache_file()
   try:
     cached = json.loads(path.read_text())
   except (OSError, ValueError):
     cached = {}
-  if key not in cached:
-    cached[key] = probe_peak(dtype)
+  probed = probe_peak(dtype)
+  if probed > cached.get(key, 0.0):
+    cached[key] = probed
     try:
       path.parent.mkdir(parents=True, exist_ok=True)
       tmp = path.with_suffix(f".tmp{os.getpid()}")
       tmp.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
       tmp.replace(path)
     except OSError:
-      pass   # a read-only home: probe again next time
-  return float(cached[key])
+      pass   # a read-only home: this probe's number serves this run
+  return float(max(cached.get(key, 0.0), probed))
 
 
 def peak_flops(devices, cfg: TransformerConfig, override: float = 0.0) -> tuple[float, str]:
   """The peak FLOP/s of `devices` together for cfg's matmul dtype -> (FLOP/s, where it came from).
 
   override > 0: that many FLOP/s per device (config.train.peak_flops). A CPU's fake devices share the
-  host, so its peak is the host's, measured once (`measured_peak`). An accelerator the table lacks: 0.
+  host, so its peak is the host's, the best matmul probe seen on it (`measured_peak`). An accelerator the table lacks: 0.
   """
   devices = list(devices)
   dtype = compute_dtype(cfg)
