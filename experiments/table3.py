@@ -229,7 +229,10 @@ def overfit_slice(corpus_dir: str, pairs: int = OVERFIT_PAIRS) -> str:
 def _overfit_config(corpus_dir: str) -> ml_collections.ConfigDict:
   config = _cpu_config(corpus_dir)
   config.workdir = "runs/table3_overfit"
-  config.data.train_path = os.path.abspath(overfit_slice(corpus_dir))
+  # The slice is written once the corpus exists; before that the config names train.tsv, so that a run
+  # fails on the missing corpus file, as the cpu variant does.
+  train_tsv = pathlib.Path(corpus_dir) / "train.tsv"
+  config.data.train_path = os.path.abspath(overfit_slice(corpus_dir) if train_tsv.is_file() else train_tsv)
   config.train.update(num_steps=OVERFIT_STEPS, learning_rate=round(OVERFIT_LR_SCALE * config.train.learning_rate, 6),
                       warmup_steps=OVERFIT_STEPS // 10, eval_every=OVERFIT_STEPS // 10,
                       # dev BLEU (all dev pairs) once, at 9/10 of the steps: the trainer measures it
