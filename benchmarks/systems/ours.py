@@ -34,6 +34,7 @@ from decode import translate
 from experiments.default import get_config
 from kernels import cpu_decoding
 from model import Transformer, TransformerConfig
+from run.mesh import make_mesh
 from train import optimizer, schedules
 from train import step as step_lib
 
@@ -54,7 +55,7 @@ def train(spec: dict, cfg: TransformerConfig, params):
   model = Transformer(cfg)
   schedule = schedules.make_schedule(config, cfg.d_model)
   tx = optimizer.make_optimizer(config, schedule)
-  mesh = step_lib.make_mesh(jax.devices()[:1])
+  mesh = make_mesh(jax.devices()[:1])
   state, shardings = step_lib.create_state(model, tx, mesh, jax.random.key(0))
   state = state.replace(params=jax.device_put(params, shardings.params))
   step_fn = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
@@ -80,7 +81,7 @@ def search(spec: dict, cfg: TransformerConfig, params, beam_size: int):
   exactly decode.len tokens per sentence (min_len = max_len)."""
   d = spec["decode"]
   n = d["len"]
-  mesh = translate.device_mesh()
+  mesh = make_mesh(jax.local_devices())
   src = files.decode_src(spec["dir"])
   if src.shape[0] % mesh.devices.size:
     raise ValueError(f"--decode_batch {src.shape[0]} is not a multiple of the {mesh.devices.size} devices")
