@@ -118,7 +118,7 @@ def _cpu_name() -> str:
 
 def probe_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
   """The best FLOP/s of a [size, size] x [size, size] matmul on the first device, out of `repeats`."""
-  device = jax.devices()[0]
+  device = jax.local_devices()[0]   # addressable in every process of a multi-host job
   a = jax.device_put(jnp.ones((size, size), dtype), device)
   matmul = jax.jit(lambda a, b: a @ b)
   matmul(a, a).block_until_ready()
