@@ -117,17 +117,18 @@ def _cpu_name() -> str:
 
 
 def probe_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
-  """The best FLOP/s of a [size, size] x [size, size] matmul on the first device, out of `repeats`."""
+  """FLOP/s of a [size, size] x [size, size] matmul on a local device: the median of `repeats` timed calls,
+  so that one stray timing can neither raise nor lower it."""
   device = jax.local_devices()[0]   # addressable in every process of a multi-host job
   a = jax.device_put(jnp.ones((size, size), dtype), device)
   matmul = jax.jit(lambda a, b: a @ b)
   matmul(a, a).block_until_ready()
-  best = float("inf")
+  times = []
   for _ in range(repeats):
     start = time.perf_counter()
     matmul(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best
+    times.append(time.perf_counter() - start)
+  return 2 * size ** 3 / float(np.median(times))
 
 
 def measured_peak(dtype: str) -> float:
