@@ -2,6 +2,7 @@
 
     vocab = run.get_vocab(config.data, workdir)   # the run directory's vocab.model (run/)
     pairs = tokenized(config.data, vocab)        # the training split, tokenized once (data/cache.py)
+    choice = derive_train_max_len(config.data, pairs)   # config.data.max_len=0: from the corpus
     train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)  # pads only
     dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
 
@@ -11,6 +12,7 @@ from data import tasks
 from data.batching import (BatchIterator, Kept, assemble, bucket_lengths, bucket_rows, fitting,
                            plan_buckets, tokenize)
 from data.cache import tokenized
+from data.max_len import MaxLenChoice, derive_max_len
 from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
 from data.tasks import source_eos
 from data.tokens import TokenPairs
@@ -27,6 +29,15 @@ def task_sequences(data_config, pairs, max_len=None, what="data"):
   if len(keep) == len(pairs):
     return src_len, tgt_len, get
   return Kept(src_len, keep), Kept(tgt_len, keep), lambda indices: get(keep[indices])
+
+
+def derive_train_max_len(data_config, pairs) -> MaxLenChoice:
+  """The max_len that keeps nearly every training pair (data.max_len.derive_max_len) over the task's
+  sequence lengths of `pairs` (data.tokens.TokenPairs, the training split's cache): what
+  config.data.max_len=0 asks for. The caller sets config.data.max_len to its .max_len."""
+  if not len(pairs):
+    raise DataError("config.data.max_len=0 derives max_len from the training split, which has no pairs")
+  return derive_max_len(*tasks.lengths(data_config, pairs))
 
 
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):
@@ -66,5 +77,5 @@ def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=
 
 
 __all__ = ["BOS", "EOS", "PAD", "UNK", "BatchIterator", "DataError", "TokenPairs", "Vocab", "check_config",
-           "check_vocab", "load_pairs", "make_eval_batches", "make_train_iterator", "source_eos",
+           "check_vocab", "derive_train_max_len", "load_pairs", "make_eval_batches", "make_train_iterator", "source_eos",
            "task_sequences", "tasks", "tokenized"]

@@ -29,8 +29,12 @@ class DataError(ValueError):
 
 
 def check_config(data_config) -> None:
-  """Fails fast, before any work, on an unknown source or split files that are missing."""
+  """Fails fast, before any work, on an unknown source, split files that are missing or a bad max_len."""
   source = data_config.source
+  max_len = data_config.get("max_len", 0)
+  if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+    raise DataError(f"config.data.max_len={max_len!r}: use a positive number of tokens per side, or 0 to "
+                    f"derive it from the training corpus (data/max_len.py)")
   if source not in SOURCES:
     raise DataError(f"config.data.source={source!r} is not one of {SOURCES}")
   if source == "files":

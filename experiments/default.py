@@ -60,7 +60,8 @@ def get_config(arg=None):
       vocab_model_type="bpe",      # bpe (the paper's byte-pair encoding) | unigram
       vocab_sample_sentences=50_000,  # seeded random sample of training sentences for the vocabulary
       vocab_seed=0,
-      max_len=64,                  # tokens per side; longer pairs are skipped and counted
+      max_len=64,                  # tokens per side; longer pairs are skipped and counted (0: the
+                                   # length that keeps 99.5% of the corpus, data/max_len.py)
       source_eos=False,            # end sources with EOS (the WMT and small-corpus experiments do)
       batch_tokens=2048,           # real source and target tokens per batch, each (packed: rows x max_len)
       pack=True,                   # several pairs per row: one batch shape, one compile, little padding

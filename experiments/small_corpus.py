@@ -65,6 +65,7 @@ def get_config(arg=None):
   config.model.matmul_dtype = "bfloat16" if bf16 else None
   config.data.update(source="files", src_lang="en", tgt_lang="de",
                      vocab_size=0,              # by corpus size (data.vocab.auto_vocab_size)
+                     max_len=0,                 # by the corpus's lengths (data.max_len.derive_max_len)
                      source_eos=True)
   config.train.update(num_steps=STEPS_BF16 if bf16 else int(round(STEPS_BF16 / BF16_SPEEDUP, -1)),
                       learning_rate=8e-3, early_stop_evals=3,
@@ -77,7 +78,7 @@ def get_config(arg=None):
     config.model.update(**{k: smoke.model[k] for k in ("d_model", "d_ff", "num_heads", "num_encoder_layers",
                                                        "num_decoder_layers")})
     config.data.update(**smoke.data.to_dict())   # the embedded corpus (offline)
-    config.data.source_eos = True
+    config.data.update(source_eos=True, max_len=0)
     config.train.update(num_steps=4, warmup_steps=2, log_every=1, eval_every=1, checkpoint_every_steps=1,
                         keep_checkpoints=2, average_last=2, dev_sentences=64, test_sentences=64)
   return config

@@ -55,6 +55,15 @@ def load_run_config(workdir) -> ml_collections.ConfigDict:
   return config
 
 
+def recorded_max_len(workdir) -> int:
+  """config.data.max_len as workdir/config.json records it, 0 where there is none: a run that asked for
+  max_len=0 records the value it derived from its corpus, and resumes with that value."""
+  path = pathlib.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return 0
+  return int(read_config_json(path)["data"].get("max_len", 0) or 0)
+
+
 def check_resume(config: ml_collections.ConfigDict, workdir, has_checkpoints: bool) -> list[str]:
   """The changes of `config` since workdir/config.json was written ("key: old -> new"); a change of the
   model, data or seed of a run that has checkpoints is a UserError (kernels, remat and attention_impl

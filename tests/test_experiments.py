@@ -210,6 +210,7 @@ def test_small_corpus_dtype_is_its_argument_and_keeps_the_budget():
     assert config.model.pre_norm and config.model.dropout_rate == 0.0
     assert config.train.learning_rate == 8e-3 and config.train.average_last == 5
     assert config.data.vocab_size == 0 and config.data.source_eos and config.decode.alpha == 1.0
+    assert config.data.max_len == 0   # from the corpus (data/max_len.py)
     TransformerConfig(vocab_size=12_000, **config.model.to_dict())   # a valid model config
 
 

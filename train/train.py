@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from data import load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks, tokenized
+from data import (derive_train_max_len, load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks,
+                  tokenized)
 from decode.bleu import sacrebleu_score
 from decode.translate import translate
 from model import Transformer
@@ -125,6 +126,22 @@ def _early_stop(early: dict, dev_loss: float, patience: int, step: int) -> None:
           f"stopping at step {step}")
 
 
+def _resolve_max_len(config, vocab, derived_before: int) -> None:
+  """config.data.max_len=0: set to the value derived from the training split's lengths (printing what it
+  keeps and drops), or to `derived_before`, the value a resumed run derived when it began; config.json
+  then records it for resuming, decoding and export. Data longer than the model's positions: UserError."""
+  if derived_before:
+    _say(f"[data] data.max_len={derived_before}: derived from the corpus when this run began (config.json)")
+  elif int(config.data.max_len) == 0:
+    choice = derive_train_max_len(config.data, tokenized(config.data, vocab, "train"))
+    _say(f"[data] {choice.describe()}")
+    config.data.max_len = choice.max_len
+  if int(config.data.max_len) > int(config.model.max_len):
+    raise UserError(f"config.data.max_len={config.data.max_len} tokens per side exceeds the model's "
+                    f"positions, config.model.max_len={config.model.max_len}; raise config.model.max_len "
+                    f"to at least {config.data.max_len}, or lower config.data.max_len")
+
+
 def _train_line(host: list, steps: int, seconds: float) -> dict:
   """A log interval's metrics.jsonl line from its steps' metrics (host copies, oldest first)."""
   line = {f"train/{k}": float(np.mean([float(m[k]) for m in host])) for k in host[-1]}
@@ -166,7 +183,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
-  changes = config_io.check_resume(config, workdir, bool(manager.all_steps()))
+  has_checkpoints = bool(manager.all_steps())
+  derived_before = 0   # config.data.max_len=0: the value this run derived when it began (config.json)
+  if int(config.data.max_len) == 0 and has_checkpoints:
+    derived_before = config.data.max_len = config_io.recorded_max_len(workdir)
+  changes = config_io.check_resume(config, workdir, has_checkpoints)
   if changes:
     _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
   primary = multihost.is_primary()
@@ -188,6 +209,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   multihost.barrier("corpus and vocabulary")
   if not primary:
     vocab = get_vocab(config.data, workdir)
+  _resolve_max_len(config, vocab, derived_before)
   processes = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
                                    **processes)
