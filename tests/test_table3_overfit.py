@@ -45,12 +45,21 @@ def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
   corpus = _corpus(tmp_path / "c", train_pairs=3 * T3.OVERFIT_PAIRS)
   cpu = T3.get_config(f"cpu,corpus={corpus}")
   over = T3.get_config(f"cpu_overfit,corpus={corpus}")
-  assert over.model.to_dict() == cpu.model.to_dict()
+  # The model differs from the cpu variant's by its widths only (OVERFIT_SCALE instead of CPU_SCALE).
+  widths = ("d_model", "d_ff")
+  assert {k: v for k, v in over.model.items() if k not in widths} == \
+      {k: v for k, v in cpu.model.items() if k not in widths}
+  for key in widths:
+    assert over.model[key] * T3.OVERFIT_SCALE == cpu.model[key] * T3.CPU_SCALE
+  assert over.model.d_model == 512 // T3.OVERFIT_SCALE
   assert over.data.train_path == str(corpus / f"train_slice{T3.OVERFIT_PAIRS}.tsv")
   assert len(pathlib.Path(over.data.train_path).read_text().splitlines()) == T3.OVERFIT_PAIRS
   assert (over.data.dev_path, over.data.test_path) == (cpu.data.dev_path, cpu.data.test_path)
   assert over.train.num_steps == T3.OVERFIT_STEPS > cpu.train.num_steps
-  assert over.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * cpu.train.learning_rate, rel=1e-4)
+  assert over.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(over.model.d_model),
+                                                   rel=1e-4)
+  assert over.train.dev_sentences == T3.OVERFIT_DEV_PAIRS   # dev loss and BLEU on the first dev pairs
+  assert over.data.vocab_size == T3.OVERFIT_VOCAB == 0 != cpu.data.vocab_size   # 0: by the slice's size
   # Dev BLEU is measured before the end, at eval steps only (train/train.py), so on a multiple of eval_every.
   assert 0 < over.train.bleu_every < over.train.num_steps and over.train.bleu_every % over.train.eval_every == 0
 
@@ -61,5 +70,28 @@ def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
     assert rows[f"{name}_seed1"] == {**rows[name], "seed": 1}
   assert rows["big"]["train.num_steps"] == 3 * T3.OVERFIT_STEPS
   assert rows["C_d256"]["train.learning_rate"] == pytest.approx(
-      T3.OVERFIT_LR_SCALE * cpu_rows["C_d256"]["train.learning_rate"], rel=1e-4)
-  assert rows["A_h1"]["model.d_k"] == cpu_rows["A_h1"]["model.d_k"] == 512 // T3.CPU_SCALE
+      T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(256 // T3.OVERFIT_SCALE), rel=1e-4)
+  assert rows["A_h1"]["model.d_k"] == 512 // T3.OVERFIT_SCALE
+
+
+def test_every_overfit_row_is_its_full_size_row_shrunk_by_the_overfit_rule(tmp_path):
+  """One rule for every row: widths / OVERFIT_SCALE, layers / CPU_LAYER_SCALE, the rest as the paper."""
+  corpus = _corpus(tmp_path / "c", train_pairs=3 * T3.OVERFIT_PAIRS)
+  rows = _trials(f"cpu_overfit,corpus={corpus}")
+  for name, overrides in _trials(None).items():
+    full = experiments.apply_overrides(experiments.load_experiment(str(TABLE3)), overrides)
+    small = experiments.apply_overrides(
+        experiments.load_experiment(f"{TABLE3}:cpu_overfit,corpus={corpus}"), rows[name])
+    for key in ("d_model", "d_ff", "d_k", "d_v"):   # None: d_model / num_heads on both sides
+      assert (small.model[key] is None and full.model[key] is None) or \
+          small.model[key] * T3.OVERFIT_SCALE == full.model[key], (name, key)
+    for key in ("num_encoder_layers", "num_decoder_layers"):
+      assert small.model[key] * T3.CPU_LAYER_SCALE == full.model[key], (name, key)
+    for key in ("num_heads", "dropout_rate", "positions", "pre_norm", "share_embeddings"):
+      assert small.model[key] == full.model[key], (name, key)
+    assert small.train.label_smoothing == full.train.label_smoothing, name
+    assert small.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(small.model.d_model),
+                                                      rel=1e-4), name
+    assert small.train.num_steps == (3 if name == "big" else 1) * T3.OVERFIT_STEPS, name
+  with pytest.raises(ValueError, match="not divisible by 4"):
+    T3.scale_to_cpu({"model.d_ff": 1022}, width_scale=4)
