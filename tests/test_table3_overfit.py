@@ -56,8 +56,8 @@ def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
   assert len(pathlib.Path(over.data.train_path).read_text().splitlines()) == T3.OVERFIT_PAIRS
   assert (over.data.dev_path, over.data.test_path) == (cpu.data.dev_path, cpu.data.test_path)
   assert over.train.num_steps == T3.OVERFIT_STEPS > cpu.train.num_steps
-  assert over.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(over.model.d_model),
-                                                   rel=1e-4)
+  peak = T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(over.model.d_model)
+  assert over.train.learning_rate == pytest.approx(peak, rel=1e-4)
   assert over.train.dev_sentences == T3.OVERFIT_DEV_PAIRS   # dev loss and BLEU on the first dev pairs
   assert over.data.vocab_size == T3.OVERFIT_VOCAB == 0 != cpu.data.vocab_size   # 0: by the slice's size
   # Dev BLEU is measured before the end, at eval steps only (train/train.py), so on a multiple of eval_every.
@@ -90,8 +90,8 @@ def test_every_overfit_row_is_its_full_size_row_shrunk_by_the_overfit_rule(tmp_p
     for key in ("num_heads", "dropout_rate", "positions", "pre_norm", "share_embeddings"):
       assert small.model[key] == full.model[key], (name, key)
     assert small.train.label_smoothing == full.train.label_smoothing, name
-    assert small.train.learning_rate == pytest.approx(T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(small.model.d_model),
-                                                      rel=1e-4), name
+    peak = T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(small.model.d_model)
+    assert small.train.learning_rate == pytest.approx(peak, rel=1e-4), name
     assert small.train.num_steps == (3 if name == "big" else 1) * T3.OVERFIT_STEPS, name
   with pytest.raises(ValueError, match="not divisible by 4"):
     T3.scale_to_cpu({"model.d_ff": 1022}, width_scale=4)
