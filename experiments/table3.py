@@ -33,9 +33,9 @@ Past one pass ('cpu_overfit', or 'cpu_overfit,corpus=DIR'; docs/table3.md): the 
   OVERFIT_SECOND_SEED (30 trials).
   python -m train.sweep --config experiments/table3.py:cpu_overfit,corpus=$PWD/corpus/po_ende \
       --workdir runs/table3_overfit --launcher slurm --cpus_per_task 4 --time 180
-  Expected (the base row, seed 0; docs/table3.md): dev BLEU 10.3 at step 1,800 and test BLEU 10.7 at
-  2,000 (500 pairs each), dev perplexity 37.7 at the end, the dev loss flat over the last 400 steps and
-  0.38 nats above the training loss. The sweep has not been run: the rows' verdicts are not known.
+  Expected (the base row, seeds 0 and 1; docs/table3.md): dev BLEU 10.3 and 11.6 at step 1,800, test
+  BLEU 10.7 and 11.1 at 2,000 (500 pairs each), dev perplexity 37.7 and 38.8 at the end, the dev loss
+  flat over the last 400 steps and ~0.4 nats above the training loss. The sweep has not been run: the rows' verdicts are not known.
   Cost: a base trial ~560 core-seconds; the 30 trials about 2.8 hours on 2 quiet cores, two at a time
   (estimated from the cpu sweep's relative costs; docs/table3.md).
 
