@@ -15,7 +15,8 @@ Expected (docs/small_corpus.md, which has the measured runs), with :bf16 on a CP
 test sacreBLEU of the final parameters (whole test split) against the default settings on the same files,
 on the software-message corpora of scripts/build_po_corpus.py: English->German (--lang de, 75k pairs)
 25.0 against 13.3, 1.87x; English->Romanian (--lang ro, 35k pairs) 33.8 against 22.3, 1.52x, short of
-1.7x: there 1,600 steps are about 8 passes and the model overfits (dropout 0.1 did not help: 31.4).
+1.7x: there 1,600 steps are about 8 passes and the model overfits (dropout 0.1 did not help: 31.4;
+nor did 1,200 steps: 31.6).
 Alone on 2 cores a run takes about 9 minutes (the default settings about 5). The float32 default's 1,190
 steps have not been run on these corpora.
 
