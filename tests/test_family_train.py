@@ -264,8 +264,8 @@ def test_each_variant_resumes_exactly(switches, vocab_dir, tmp_path):
 
 def test_decoder_only_mt_ships_pre_norm_rope_and_keeps_the_paper_stack_as_an_arg():
   """The shipped stack and the paper-style one (docs/family.md) differ in exactly the two switches and the
-  shipped stack's tripled peak learning rate; both keep the default experiment's width, optimizer and
-  steps; smoke shrinks the shipped one."""
+  shipped stack's schedule (tripled peak, inverse-sqrt decay); both keep the default experiment's width,
+  optimizer and steps; smoke shrinks the shipped one."""
   def leaves(spec):
     config = experiments.load_experiment(f"{ROOT}/experiments/{spec}")
     return {f"{s}.{k}": v for s in ("model", "data", "train") for k, v in config[s].items()}, config
@@ -273,17 +273,18 @@ def test_decoder_only_mt_ships_pre_norm_rope_and_keeps_the_paper_stack_as_an_arg
   paper, paper_config = leaves("decoder_only_mt.py:paper")
   default = experiments.load_experiment(f"{ROOT}/experiments/default.py")
   assert {k for k in shipped if shipped[k] != paper[k]} == {"model.pre_norm", "model.positions",
-                                                            "train.learning_rate"}
+                                                            "train.learning_rate", "train.schedule"}
   assert (shipped["model.pre_norm"], shipped["model.positions"]) == (True, "rope")
   assert shipped["train.learning_rate"] == 3 * default.train.learning_rate
   assert paper["train.learning_rate"] == default.train.learning_rate
+  assert (shipped["train.schedule"], paper["train.schedule"]) == ("inverse_sqrt", default.train.schedule)
   assert (paper["model.pre_norm"], paper["model.positions"]) == (False, "sinusoidal")
   assert shipped_config.workdir != paper_config.workdir
   for key in ("d_model", "d_ff", "num_heads"):
     assert shipped_config.model[key] == default.model[key]
   assert paper_config.train.to_dict() == default.train.to_dict()
-  assert ({k: v for k, v in shipped_config.train.items() if k != "learning_rate"}
-          == {k: v for k, v in default.train.items() if k != "learning_rate"})
+  assert ({k: v for k, v in shipped_config.train.items() if k not in ("learning_rate", "schedule")}
+          == {k: v for k, v in default.train.items() if k not in ("learning_rate", "schedule")})
   smoke = config_for("decoder_only_mt").model
   assert (smoke.pre_norm, smoke.positions) == (True, "rope")
   with pytest.raises(ValueError, match="'paper'"):
