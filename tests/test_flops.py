@@ -51,6 +51,7 @@ def test_formula_by_hand():
 def test_peak_table_and_override():
   assert flops.table_peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
   assert flops.table_peak("NVIDIA H100 PCIe", "bfloat16") == 756e12
+  assert flops.table_peak("NVIDIA H200", "bfloat16") == 989e12
   assert flops.table_peak("NVIDIA A100-SXM4-40GB", "float32") == 156e12
   assert flops.table_peak("TPU v5 lite", "bfloat16") == 197e12
   assert flops.table_peak("TPU v5", "bfloat16") == 459e12

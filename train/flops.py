@@ -31,6 +31,7 @@ from model.config import as_dtype
 PEAKS = (
     ("H100 PCIe", {"bfloat16": 756e12, "float32": 378e12}),
     ("H100", {"bfloat16": 989e12, "float32": 495e12}),       # SXM5
+    ("H200", {"bfloat16": 989e12, "float32": 495e12}),       # the H100's chip with more, faster memory
     ("A100", {"bfloat16": 312e12, "float32": 156e12}),
     ("L4", {"bfloat16": 121e12, "float32": 60e12}),
     ("TPU v4", {"bfloat16": 275e12, "float32": 275e12}),
