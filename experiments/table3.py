@@ -29,15 +29,23 @@ Past one pass ('cpu_overfit', or 'cpu_overfit,corpus=DIR'; docs/table3.md): the 
   once to DIR/train_slice24000.tsv) with a vocabulary by its size (OVERFIT_VOCAB=0: 7,000 pieces),
   OVERFIT_STEPS=2,000 steps for the base row (about 12 passes; big 3x), peak learning rate
   OVERFIT_LR_SCALE=2 x the cpu variant's, dev loss every 200 steps and dev BLEU at step 1,800, both on
-  the first OVERFIT_DEV_PAIRS=500 dev pairs; a second seed of base and of the rows in
-  OVERFIT_SECOND_SEED (30 trials).
+  the first OVERFIT_DEV_PAIRS=500 dev pairs. Two passes (the issue asks for two seeds of base and of
+  every row that disagrees or ties): the first trains every row once and base twice (21 trials); then
+  second_seed_rows(DIR/results.csv) names the rows whose perplexity verdict is a tie or a disagreement,
+  they go into OVERFIT_SECOND_SEED (empty until then), and the same command trains their <row>_seed1.
   python -m train.sweep --config experiments/table3.py:cpu_overfit,corpus=$PWD/corpus/po_ende \
       --workdir runs/table3_overfit --launcher slurm --cpus_per_task 4 --time 180
+  (the local cluster's node claims 8 CPUs, so --cpus_per_task 4 runs two trials at a time, 8 one.)
   Expected (the base row, seeds 0 and 1; docs/table3.md): dev BLEU 10.3 and 11.6 at step 1,800, test
   BLEU 10.7 and 11.1 at 2,000 (500 pairs each), dev perplexity 37.7 and 38.8 at the end, the dev loss
-  flat over the last 400 steps and ~0.4 nats above the training loss. The sweep has not been run: the rows' verdicts are not known.
-  Cost: a base trial ~560 core-seconds; the 30 trials about 2.8 hours on 2 quiet cores, two at a time
-  (estimated from the cpu sweep's relative costs; docs/table3.md).
+  flat over the last 400 steps and ~0.4 nats above the training loss. The rows' verdicts so far:
+  docs/table3.md.
+  Cost: a base trial took 478 s through SLURM, one at a time, its trainer at ~100% of one core while
+  another run held the other. The first pass weighs ~28 base trials (relative costs from the cpu
+  sweep's wall-clock: A_h32 2.8x, big 4.5x), so ~3.7 hours one at a time on a shared machine and, if two
+  trials at a time each keep one core, ~1.9 hours on 2 quiet cores; a base-sized second seed then adds
+  ~4 minutes, so 2.5 hours hold for up to ~9 base trials' worth of second seeds. Estimates: measured
+  trials and the running total in docs/table3.md.
 
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's
@@ -210,9 +218,38 @@ OVERFIT_STEPS = 2_000          # the base row's steps: ~12 passes over the slice
 OVERFIT_LR_SCALE = 2.0         # x the paper's peak (cpu_peak_lr); 4x learned no faster, 6x stalled
 OVERFIT_DEV_PAIRS = 500        # dev loss and BLEU on the first 500 (shuffled) dev pairs: a decode of all
                                # 2,511 costs minutes on 2 shared cores
-# Rows whose verdict was a disagreement or a tie in the cpu variant (docs/table3.md): they train twice.
-OVERFIT_SECOND_SEED = ("A_h1", "A_h4", "A_h32", "C_N2", "C_N4", "C_N8", "D_drop0.0", "D_drop0.2",
-                       "E_learned")
+# The rows that train a second seed (<row>_seed1): those whose perplexity verdict in the first pass (every
+# row once, base twice) is a tie or a disagreement, as second_seed_rows reads them from its results.csv.
+# Empty until the first pass is read: the sweep is then the first pass alone (docs/table3.md).
+OVERFIT_SECOND_SEED = ()
+
+
+def second_seed_rows(results_csv, metric: str = "ppl") -> tuple:
+  """The rows of a cpu_overfit first pass whose `metric` verdict ('ppl' or 'bleu') is 'tie' or 'disagree'.
+
+  results_csv: the results.csv train.sweep writes (one line per trial: trial, status, dev_ppl, dev_bleu,
+  paper_ppl, paper_bleu, ...). Verdicts as results.md gives them (train/sweep_directions.py: each row's
+  first seed against the mean and spread of BASELINE, the paper's row against its base). Returns the
+  rows in the sweep's order, for OVERFIT_SECOND_SEED. Raises ValueError naming the rows or baseline trials
+  that have no result yet: the first pass must be complete before its verdicts choose.
+  """
+  import csv                                  # here, not at the top: a config load does not need them
+  from train import sweep_directions
+  numbers = ("dev_ppl", "dev_bleu", "test_bleu", "paper_ppl", "paper_bleu")
+  with open(results_csv, newline="") as f:
+    rows = [{k: (float(v) if v else None) if k in numbers else v for k, v in line.items()}
+            for line in csv.DictReader(f)]
+  by_name = {r["trial"]: r for r in rows}
+  first = [name for name, _ in full_size_rows()]                  # base included
+  first_pass = first + [name for name in BASELINE if name not in first]
+  key = "dev_ppl" if metric == "ppl" else sweep_directions.bleu_key(rows)
+  missing = [name for name in first_pass if by_name.get(name, {}).get(key) is None]
+  if missing:
+    raise ValueError(f"second_seed_rows: {results_csv} has no {key} for {missing}: finish the first pass "
+                     f"(rerun the sweep; finished trials are skipped) before choosing second seeds")
+  table = sweep_directions.directions([by_name[name] for name in first_pass], BASELINE)
+  doubtful = {r["trial"] for r in table if r[f"verdict_{metric}"] in ("tie", "disagree")}
+  return tuple(name for name in first if name in doubtful)
 
 
 def slice_lines(lines: list, pairs: int) -> list:
@@ -320,6 +357,8 @@ def sweep(add, arg=None):
   """Calls add(name=..., **overrides) once per trial: the rows of Table 3 (A to E, and big).
 
   'cpu': the same rows through scale_to_cpu, plus base_seed1 (base with seed 1) for the noise.
+  'cpu_overfit': the same, shrunk by the overfit rule, then <row>_seed1 for each row in
+  OVERFIT_SECOND_SEED (chosen by second_seed_rows from the first pass's verdicts).
   """
   name, corpus = _parse_arg(arg)
   if name == "smoke":

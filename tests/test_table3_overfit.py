@@ -3,6 +3,7 @@
 The slice spans the whole training file, is written once and atomically, and every row keeps the cpu
 variant's shrinking but trains the overfit regime's steps at its learning rate.
 """
+import csv
 import pathlib
 
 import pytest
@@ -66,8 +67,6 @@ def test_overfit_rows_are_the_cpu_rows_on_the_slice_with_more_steps(tmp_path):
   cpu_rows, rows = _trials(f"cpu,corpus={corpus}"), _trials(f"cpu_overfit,corpus={corpus}")
   assert list(rows)[:len(cpu_rows)] == list(cpu_rows)
   assert [n for n in rows if n not in cpu_rows] == [f"{r}_seed1" for r in T3.OVERFIT_SECOND_SEED]
-  for name in T3.OVERFIT_SECOND_SEED:
-    assert rows[f"{name}_seed1"] == {**rows[name], "seed": 1}
   assert rows["big"]["train.num_steps"] == 3 * T3.OVERFIT_STEPS
   assert rows["C_d256"]["train.learning_rate"] == pytest.approx(
       T3.OVERFIT_LR_SCALE * T3.cpu_peak_lr(256 // T3.OVERFIT_SCALE), rel=1e-4)
@@ -95,3 +94,58 @@ def test_every_overfit_row_is_its_full_size_row_shrunk_by_the_overfit_rule(tmp_p
     assert small.train.num_steps == (3 if name == "big" else 1) * T3.OVERFIT_STEPS, name
   with pytest.raises(ValueError, match="not divisible by 4"):
     T3.scale_to_cpu({"model.d_ff": 1022}, width_scale=4)
+
+
+def test_first_pass_is_every_row_once_and_base_twice_then_the_chosen_second_seeds(tmp_path, monkeypatch):
+  corpus = _corpus(tmp_path / "c", train_pairs=3 * T3.OVERFIT_PAIRS)
+  monkeypatch.setattr(T3, "OVERFIT_SECOND_SEED", ())
+  first = _trials(f"cpu_overfit,corpus={corpus}")
+  assert list(first) == [name for name, _ in T3.full_size_rows()] + ["base_seed1"]
+  assert first["base_seed1"] == {"seed": 1}
+  monkeypatch.setattr(T3, "OVERFIT_SECOND_SEED", ("A_h1", "C_N8"))
+  rows = _trials(f"cpu_overfit,corpus={corpus}")
+  assert list(rows) == list(first) + ["A_h1_seed1", "C_N8_seed1"]   # the first pass's trials unchanged
+  assert {n: rows[n] for n in first} == first
+  for name in ("A_h1", "C_N8"):
+    assert rows[f"{name}_seed1"] == {**rows[name], "seed": 1}
+
+
+def _results_csv(path, ppl, bleu=None):
+  """A results.csv as train.sweep writes it: trial, status, dev_ppl, dev_bleu, paper_ppl, paper_bleu."""
+  names = [name for name, _ in T3.full_size_rows()] + ["base_seed1", "A_h4_seed1"]
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=["trial", "status", "dev_ppl", "dev_bleu", "dev_bleu_step",
+                                           "paper_ppl", "paper_bleu"])
+    writer.writeheader()
+    for name in names:
+      paper = T3.PAPER.get(name, {})
+      writer.writerow({"trial": name, "status": "done" if ppl.get(name) else "pending",
+                       "dev_ppl": ppl.get(name), "dev_bleu": (bleu or {}).get(name),
+                       "dev_bleu_step": 1800, "paper_ppl": paper.get("ppl"), "paper_bleu": paper.get("bleu")})
+  return path
+
+
+def test_second_seeds_go_to_the_rows_whose_first_verdict_ties_or_disagrees(tmp_path):
+  # Base seeds 38 and 39: mean 38.5, spread 1. Every other row first agrees with the paper's direction.
+  base = T3.PAPER["base"]
+  ppl = {"base": 38.0, "base_seed1": 39.0}
+  for name, paper in T3.PAPER.items():
+    if name != "base":
+      delta = paper["ppl"] - base["ppl"]
+      ppl[name] = 38.5 if abs(delta) <= 0.05 else (41.0 if delta > 0 else 36.0)
+  ppl["A_h4_seed1"] = 50.0                 # a second seed already trained: not a first verdict
+  ppl.update({"A_h1": 38.8,                # the paper: worse; ours within the spread: tie
+              "C_N8": 36.0,                # the paper: no effect (4.88 against 4.92); ours better: disagree
+              "D_ls0.0": 41.0})            # the paper: better; ours worse: disagree
+  assert T3.second_seed_rows(_results_csv(tmp_path / "r.csv", ppl)) == ("A_h1", "C_N8", "D_ls0.0")
+
+  # By BLEU: every row at the base mean is within the seeds' spread: a tie wherever the paper sees an
+  # effect, an agreement where it sees none (its BLEU within 0.25 of base's 25.8).
+  bleu = {name: 11.0 for name in ppl} | {"base": 10.0, "base_seed1": 12.0}
+  by_bleu = T3.second_seed_rows(_results_csv(tmp_path / "b.csv", ppl, bleu), metric="bleu")
+  rows = [name for name, _ in T3.full_size_rows() if name != "base"]
+  assert by_bleu == tuple(n for n in rows if n not in ("A_h16", "C_d1024", "D_ls0.2", "E_learned"))
+
+  del ppl["big"]                           # the first pass is not finished: no choice yet
+  with pytest.raises(ValueError, match=r"no dev_ppl for \['big'\]"):
+    T3.second_seed_rows(_results_csv(tmp_path / "p.csv", ppl))
