@@ -128,7 +128,10 @@ def largest_batch(cfg: TransformerConfig, seq_len: int, budget: int, start_token
   best = {"tokens_per_device": None, "footprint": None}
   tokens = start_tokens
   while tokens <= max_tokens:
-    memory = Step(cfg, rows=n * max(tokens // seq_len, 1), seq_len=seq_len, devices=devices).memory()
+    step = Step(cfg, rows=n * max(tokens // seq_len, 1), seq_len=seq_len, devices=devices)
+    memory = step.memory()
+    print(f"  {tokens} tokens per device: footprint {memory['footprint'] / 2**30:.2f} GiB "
+          f"(compiled in {step.compile_s:.0f} s)", flush=True)
     if memory["footprint"] > budget:
       break
     best = {"tokens_per_device": tokens, "footprint": memory["footprint"]}
@@ -136,7 +139,9 @@ def largest_batch(cfg: TransformerConfig, seq_len: int, budget: int, start_token
   return best
 
 
-def run(steps: int, seq_len: int, tokens_per_device: int, search_model: str, cpu_budget: int) -> dict:
+def run(steps: int, seq_len: int, tokens_per_device: int, search_model: str, cpu_budget: int,
+        save=lambda result: None) -> dict:
+  """The check; calls save(result) after each model and each search, so a run cut short keeps its parts."""
   devices = jax.devices()
   platform = devices[0].platform
   n = len(devices)
@@ -161,6 +166,7 @@ def run(steps: int, seq_len: int, tokens_per_device: int, search_model: str, cpu
     timing["size"] = {k: getattr(cfg, k) for k in ("d_model", "d_ff", "num_heads", "num_encoder_layers",
                                                      "num_decoder_layers", "vocab_size", "dtype")}
     result["models"][name] = timing
+    save(result)
     mfu = f"{timing['mfu']:.1%}" if timing["mfu"] is not None else "? (no peak for this device)"
     peak_mem = timing["peak_device_memory_bytes"]
     print(f"{name}: step {timing['step_s'] * 1e3:.1f} ms, {timing['tokens_per_s']:,.0f} tokens/s, MFU {mfu} "
@@ -174,10 +180,13 @@ def run(steps: int, seq_len: int, tokens_per_device: int, search_model: str, cpu
   result["largest_batch"] = {"model": search_model, "budget_bytes": budget, "seq_len": seq_len,
                              "scan_layers": True}
   for remat in ("none", "full"):
+    print(f"largest batch search ({search_model}, scanned, remat {remat}): from {tokens_per_device} tokens per "
+          "device, doubling", flush=True)
     cfg = model_config(search_model, platform, remat=remat, scan_layers=True)
-    found = largest_batch(cfg, seq_len, budget, start_tokens=seq_len * 8,
+    found = largest_batch(cfg, seq_len, budget, start_tokens=tokens_per_device,
                           max_tokens=seq_len * (2 ** 14 if platform != "cpu" else 2 ** 6), devices=devices)
     result["largest_batch"][remat] = found
+    save(result)
     print(f"largest batch that fits ({search_model}, scanned, remat {remat}, {budget / 2**30:.2f} GiB"
           f"{'' if limit else ' CPU budget'}): {found['tokens_per_device']} tokens per device")
   return result
@@ -193,12 +202,18 @@ def main(argv=None) -> None:
   p.add_argument("--note", default="", help="recorded with the results (e.g. the machine's load)")
   p.add_argument("--out", default=None, help="results file (default results/accelerators/check-<platform>.json)")
   args = p.parse_args(argv)
+  out = pathlib.Path(args.out) if args.out else RESULTS / f"check-{jax.default_backend()}.json"
+
+  def save(result: dict, complete: bool = False) -> None:
+    """Writes what is measured so far; "complete" says whether the check reached its end."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps({**result, "note": args.note, "complete": complete}, indent=1) + "\n")
+    partial.replace(out)   # whole or absent, never half-written
+
   result = run(args.steps, args.seq_len, args.tokens_per_device, args.search_model,
-               int(args.cpu_budget_gb * 2**30))
-  result["note"] = args.note
-  out = pathlib.Path(args.out) if args.out else RESULTS / f"check-{result['backend']}.json"
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=1) + "\n")
+               int(args.cpu_budget_gb * 2**30), save=save)
+  save(result, complete=True)
   print(f"wrote {out}")
 
 

@@ -45,3 +45,21 @@ def test_remat_scan_smoke_measures_every_part():
   assert set(result["memory"]["scanned/ratios"]) == {"none", "minimal", "full"}
   assert result["memory"]["scanned/ratios"]["full"] < 1.0    # remat keeps less inside a scan
   assert result["scan"]["compile_s"]["scanned"][0] > 0
+
+
+def test_a_check_cut_short_keeps_what_it_measured(tmp_path, monkeypatch):
+  """The results file is rewritten whole after each part: a run stopped at its time limit keeps them."""
+  def cut_short(*args, save):
+    save({"backend": "gpu", "models": {"base": {"step_s": 0.025}}})
+    raise TimeoutError("the node's time limit")
+  monkeypatch.setattr(accelerator, "run", cut_short)
+  out = tmp_path / "check.json"
+  with pytest.raises(TimeoutError):
+    accelerator.main(["--out", str(out), "--note", "cut"])
+  got = json.loads(out.read_text())
+  assert (got["complete"], got["note"], got["models"]["base"]["step_s"]) == (False, "cut", 0.025)
+  assert [p.name for p in tmp_path.iterdir()] == ["check.json"]   # no half-written file beside it
+
+  monkeypatch.setattr(accelerator, "run", lambda *args, save: {"backend": "gpu", "models": {}})
+  accelerator.main(["--out", str(out)])
+  assert json.loads(out.read_text())["complete"] is True
