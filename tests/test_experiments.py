@@ -213,6 +213,7 @@ def test_small_corpus_dtype_is_its_argument_and_keeps_the_budget():
     # 12,000 pieces at 35k and at 75k pairs: the size that won on both corpora, not data.vocab's rule by
     # corpus size (8,000 at 35k pairs: 1.3 test BLEU less on the Romanian corpus).
     assert config.data.vocab_size == module.VOCAB_SIZE == 12_000
+    assert config.train.weight_decay == module.WEIGHT_DECAY == 0.2   # no dropout: decay is the regularizer
     assert config.data.max_len == 0   # from the corpus (data/max_len.py)
     TransformerConfig(vocab_size=12_000, **config.model.to_dict())   # a valid model config
 
