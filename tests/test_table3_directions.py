@@ -99,3 +99,27 @@ def test_results_md_and_png_carry_the_verdicts(tmp_path):
   # Without a baseline (or the paper's numbers) the report is as before: no direction section.
   write_results(ROWS, tmp_path, paper=True, title="hand-made")
   assert "Direction of each effect" not in (tmp_path / "results.md").read_text()
+
+
+def test_a_row_with_two_seeds_is_judged_once_by_their_mean_and_the_larger_spread(tmp_path):
+  seeds = [_row("E_learned_seed1", 5.0, 19.5),    # E_learned's mean 5.3: +0.2 over base, within 0.2
+           _row("A_h1_seed1", 5.7, 18.4),          # A_h1's mean 5.6 (spread 0.2), still worse
+           _row("D_ls0.0_seed1", 5.2, 19.8),      # D_ls0.0's seeds 4.6 and 5.2: spread 0.6 > base's 0.2
+           _row("lonely_seed1", 5.5, 19.0)]       # no trial 'lonely': a row of its own
+  rows = _by_trial(ROWS + seeds)
+  assert set(rows) == {"A_h1", "A_h16", "C_N8", "D_ls0.0", "E_learned", "C_N2", "lonely_seed1"}
+  assert rows["A_h1"]["trials"] == ["A_h1", "A_h1_seed1"] and rows["A_h1"]["seeds_ppl"] == 2
+  assert rows["A_h1"]["ours_ppl"] == pytest.approx(5.6) and rows["A_h1"]["verdict_ppl"] == "agree"
+  # One seed said "worse where the paper sees no effect"; the mean of two says "within the noise".
+  assert rows["E_learned"]["ours_delta_ppl"] == pytest.approx(0.2)
+  assert (rows["E_learned"]["ours_dir_ppl"], rows["E_learned"]["verdict_ppl"]) == ("same", "agree")
+  # D_ls0.0's mean, 4.9, is 0.2 below base's 5.1: within its own seeds' spread of 0.6.
+  assert rows["D_ls0.0"]["spread_ppl"] == pytest.approx(0.6)
+  assert (rows["D_ls0.0"]["ours_dir_ppl"], rows["D_ls0.0"]["verdict_ppl"]) == ("same", "tie")
+  # The report shows the mean and how many seeds, and each seed's bar carries the row's verdict.
+  write_results(ROWS + seeds, tmp_path, paper=True, title="hand-made", baseline=BASELINE)
+  text = (tmp_path / "results.md").read_text()
+  assert "| A_h1 | 5.60 (mean of 2 seeds) (+0.50, worse) |" in text
+  assert "| A_h1_seed1 |" not in text.split("## Direction of each effect")[1]
+  notes = sd.plot_notes(ROWS + seeds, BASELINE)
+  assert notes["E_learned_seed1"] == notes["E_learned"] == {"dev_ppl": "agree", "test_bleu": "agree"}

@@ -13,8 +13,14 @@ from its base row, 'same' within PAPER_TIES (the paper gives single runs and no 
   agree     both say the same thing (both 'same' included);
   disagree  opposite directions, or we see an effect beyond our noise where the paper sees none;
   tie       our difference is within our noise where the paper sees an effect: this scale cannot tell.
+
+A row trained with more than one seed (trials ROW, ROW_seed1, ROW_seed2, ...) is judged once, by the mean
+of its seeds, and its noise is the larger of the baseline's spread and its own: a row whose seeds scatter
+more than the baseline's needs a larger effect to count.
 """
 from __future__ import annotations
+
+import re
 
 # Differences the paper's Table 3 reports that we read as "no effect": about 1% of its base PPL (4.92),
 # and a quarter of a BLEU point (it prints one decimal).
@@ -53,6 +59,22 @@ def baseline_stats(rows: list[dict], baseline, key: str):
   return sum(values) / len(values), max(values) - min(values), len(values)
 
 
+def seeds_of(rows: list[dict], baseline) -> dict[str, list[dict]]:
+  """{row: [its trials, first seed first]} for every non-baseline trial: ROW_seedK joins ROW when ROW is a
+  trial of the sweep, otherwise it is a row of its own."""
+  names = {r["trial"] for r in rows}
+  groups: dict[str, list[dict]] = {}
+  for r in rows:
+    if r["trial"] in baseline:
+      continue
+    match = re.fullmatch(r"(.+)_seed\d+", r["trial"])
+    row = match.group(1) if match and match.group(1) in names and match.group(1) not in baseline else r["trial"]
+    groups.setdefault(row, []).append(r)
+  for row, trials in groups.items():
+    trials.sort(key=lambda t: t["trial"] != row)   # the row's own trial (its paper numbers) first
+  return groups
+
+
 def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
   """One dict per non-baseline trial: for m in ('ppl', 'bleu'): ours_m, ours_delta_m, ours_dir_m,
   paper_m, paper_delta_m, paper_dir_m, verdict_m; None where something was not measured.
@@ -60,23 +82,31 @@ def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
   rows: sweep_report.trial_row dicts (trial, dev_ppl, dev_bleu/test_bleu, paper_ppl, paper_bleu);
   baseline: the trial names of the reference setting (the first one's paper numbers are the paper's base).
   Our tolerance is the baseline trials' spread; with one baseline trial it is 0 (every difference counts).
+  A row with several seeds (seeds_of) gives one dict: ours_m is their mean, seeds_m how many were
+  measured, spread_m their spread, and the tolerance the larger of the two spreads. Until every seed of
+  a row is measured, the row is judged on those that are.
   """
   baseline = tuple(baseline)
   ties = dict(PAPER_TIES, **(paper_ties or {}))
   keys = {"ppl": "dev_ppl", "bleu": bleu_key(rows)}
   paper_base = next((r for r in rows if r["trial"] == baseline[0]), {})
   out = []
-  for row in rows:
-    if row["trial"] in baseline:
-      continue
-    result = {"trial": row["trial"], "status": row.get("status")}
+  for name, trials in seeds_of(rows, baseline).items():
+    row = trials[0]
+    statuses = {t.get("status") for t in trials}
+    status = row.get("status") if len(statuses) == 1 else ", ".join(
+        f"{t['trial']} {t.get('status')}" for t in trials if t.get("status") not in (None, "done")) or None
+    result = {"trial": name, "status": status, "trials": [t["trial"] for t in trials]}
     for metric, key in keys.items():
       mean, spread, _ = baseline_stats(rows, baseline, key)
-      ours = row.get(key)
+      values = [t[key] for t in trials if t.get(key) is not None]
+      ours = sum(values) / len(values) if values else None
+      own_spread = max(values) - min(values) if values else 0.0
       ours_delta = None if ours is None or mean is None else ours - mean
       paper, paper_ref = row.get(f"paper_{metric}"), paper_base.get(f"paper_{metric}")
       paper_delta = None if paper is None or paper_ref is None else paper - paper_ref
-      ours_dir = direction(ours_delta, spread or 0.0, LOWER_IS_BETTER[metric])
+      ours_dir = direction(ours_delta, max(spread or 0.0, own_spread), LOWER_IS_BETTER[metric])
+      result.update({f"seeds_{metric}": len(values), f"spread_{metric}": own_spread})
       paper_dir = direction(paper_delta, ties[metric], LOWER_IS_BETTER[metric])
       result.update({f"ours_{metric}": ours, f"ours_delta_{metric}": ours_delta, f"ours_dir_{metric}": ours_dir,
                      f"paper_{metric}": paper, f"paper_delta_{metric}": paper_delta,
@@ -85,10 +115,11 @@ def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
   return out
 
 
-def _cell(value, delta, word, digits) -> str:
+def _cell(value, delta, word, digits, seeds=1) -> str:
   if value is None:
     return "-"
-  return f"{value:.{digits}f}" + ("" if delta is None else f" ({delta:+.{digits}f}, {word})")
+  mean = f"{value:.{digits}f}" + (f" (mean of {seeds} seeds)" if seeds > 1 else "")
+  return mean + ("" if delta is None else f" ({delta:+.{digits}f}, {word})")
 
 
 def markdown(rows: list[dict], baseline) -> str:
@@ -107,6 +138,8 @@ def markdown(rows: list[dict], baseline) -> str:
       lines.append(f"- {metric} ({k}): baseline {values}; one seed, no spread: every difference counts.")
     else:
       lines.append(f"- {metric} ({k}): the baseline ({', '.join(baseline)}) was not measured.")
+  lines.append("- A row with several seeds (ROW, ROW_seed1, ...) is judged by their mean, its tolerance the "
+               "larger of the baseline's spread and its own.")
   lines.append(f"- Paper: Table 3 against its base row; differences within {PAPER_TIES['ppl']} PPL or "
                f"{PAPER_TIES['bleu']} BLEU read as no effect (single runs). Verdicts: agree; disagree; tie = "
                f"our difference is within our noise where the paper sees an effect.")
@@ -115,7 +148,8 @@ def markdown(rows: list[dict], baseline) -> str:
   for r in table:
     cells = [r["trial"] + ("" if r["status"] in (None, "done") else f" ({r['status']})")]
     for metric, digits in (("ppl", 2), ("bleu", 2)):
-      cells += [_cell(r[f"ours_{metric}"], r[f"ours_delta_{metric}"], r[f"ours_dir_{metric}"], digits),
+      cells += [_cell(r[f"ours_{metric}"], r[f"ours_delta_{metric}"], r[f"ours_dir_{metric}"], digits,
+                      r[f"seeds_{metric}"]),
                 _cell(r[f"paper_{metric}"], r[f"paper_delta_{metric}"], r[f"paper_dir_{metric}"], digits),
                 r[f"verdict_{metric}"] or "-"]
     lines.append("| " + " | ".join(cells) + " |")
@@ -130,5 +164,6 @@ def plot_notes(rows: list[dict], baseline) -> dict:
   key = bleu_key(rows)
   notes = {name: {"dev_ppl": "baseline", key: "baseline"} for name in baseline}
   for r in directions(rows, baseline):
-    notes[r["trial"]] = {"dev_ppl": r["verdict_ppl"], key: r["verdict_bleu"]}
+    for trial in r["trials"]:   # each seed's bar carries its row's verdict
+      notes[trial] = {"dev_ppl": r["verdict_ppl"], key: r["verdict_bleu"]}
   return notes
