@@ -176,3 +176,19 @@ def test_a_slurm_trials_clock_starts_when_its_job_runs(tmp_path, monkeypatch):
     assert trial.poll() is None and trial.started == 100.0                          # running from here
     assert trial.poll() is None and trial.started == 100.0
     assert trial.poll() == 0 and trial.started == 100.0
+
+
+def test_a_slurm_job_stopped_while_queued_adds_no_wall_clock(tmp_path, monkeypatch):
+  """A sweep stopped while a trial's job still waits in SLURM's queue records 0 s for it, not the time
+  since submission; a job seen running counts from then, a local process from its start."""
+  from train import slurm
+  monkeypatch.setattr(sweep.time, "time", lambda: 1000.0)
+  with open(tmp_path / "log", "w") as log:
+    queued = slurm.SlurmTrial("7", tmp_path, log)
+    running = slurm.SlurmTrial("8", tmp_path, log)
+    running.started = 940.0
+    trial = sweep.Trial("base", {})
+    watched = [sweep._Running(trial, process, log, tmp_path) for process in (queued, running, object())]
+    for r in watched:
+      r.start = 900.0                     # the runner submitted or started each 100 s ago
+    assert [r.seconds() for r in watched] == [0.0, 60.0, 100.0]

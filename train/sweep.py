@@ -151,6 +151,13 @@ class _Running:
     self.trial, self.process, self.log, self.dir = trial, process, log, trial_dir
     self.start = time.time()
 
+  def seconds(self) -> float:
+    """How long the trial ran while this runner watched it: a SLURM job from when it was first seen
+    running (0 if it never ran: its time in the queue is not the trial's), a local process from its start."""
+    if hasattr(self.process, "started"):
+      return 0.0 if self.process.started is None else time.time() - self.process.started
+    return time.time() - self.start
+
 
 def _start_local(command, trial_dir, log) -> subprocess.Popen:
   return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -230,9 +237,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
           continue
         running.remove(r)
         r.log.close()
-        # A SLURM job's clock starts when it starts running, not while it waits in the queue.
-        began = getattr(r.process, "started", None) or r.start
-        seconds = read_status(r.dir).get("seconds", 0.0) + (time.time() - began)
+        seconds = read_status(r.dir).get("seconds", 0.0) + r.seconds()
         if code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
           (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
