@@ -221,8 +221,8 @@ OVERFIT_DEV_PAIRS = 500        # dev loss and BLEU on the first 500 (shuffled) d
 # The rows that train a second seed (<row>_seed1): those whose perplexity verdict in the first pass (every
 # row once, base twice) is a tie or a disagreement, as second_seed_rows reads them from its results.csv.
 # A row's verdict depends only on its own first seed and the base rows, so rows can be added as their first
-# seeds finish: these five disagreed by perplexity in the first pass (docs/table3.md, 2026-11-26).
-OVERFIT_SECOND_SEED = ("A_h1", "A_h4", "A_h16", "C_N4", "C_N8")
+# seeds finish: these seven disagreed by perplexity in the first pass (docs/table3.md, 2026-11-26).
+OVERFIT_SECOND_SEED = ("A_h1", "A_h4", "A_h16", "C_N4", "C_N8", "D_drop0.2", "E_learned")
 
 
 def second_seed_rows(results_csv, metric: str = "ppl") -> tuple:
