@@ -32,20 +32,20 @@ Past one pass ('cpu_overfit', or 'cpu_overfit,corpus=DIR'; docs/table3.md): the 
   the first OVERFIT_DEV_PAIRS=500 dev pairs. Two passes (the issue asks for two seeds of base and of
   every row that disagrees or ties): the first trains every row once and base twice (21 trials); then
   second_seed_rows(DIR/results.csv) names the rows whose perplexity verdict is a tie or a disagreement,
-  they go into OVERFIT_SECOND_SEED (empty until then), and the same command trains their <row>_seed1.
+  they go into OVERFIT_SECOND_SEED (the seven that disagreed, 2026-11-26), and the same command trains
+  their <row>_seed1.
   python -m train.sweep --config experiments/table3.py:cpu_overfit,corpus=$PWD/corpus/po_ende \
       --workdir runs/table3_overfit --launcher slurm --cpus_per_task 4 --time 180
   (the local cluster's node claims 8 CPUs, so --cpus_per_task 4 runs two trials at a time, 8 one.)
-  Expected (the base row, seeds 0 and 1; docs/table3.md): dev BLEU 10.3 and 11.6 at step 1,800, test
-  BLEU 10.7 and 11.1 at 2,000 (500 pairs each), dev perplexity 37.7 and 38.8 at the end, the dev loss
-  flat over the last 400 steps and ~0.4 nats above the training loss. The rows' verdicts so far:
-  docs/table3.md.
-  Cost: a base trial took 478 s through SLURM, one at a time, its trainer at ~100% of one core while
-  another run held the other. The first pass weighs ~28 base trials (relative costs from the cpu
-  sweep's wall-clock: A_h32 2.8x, big 4.5x), so ~3.7 hours one at a time on a shared machine and, if two
-  trials at a time each keep one core, ~1.9 hours on 2 quiet cores; a base-sized second seed then adds
-  ~4 minutes, so 2.5 hours hold for up to ~9 base trials' worth of second seeds. Estimates: measured
-  trials and the running total in docs/table3.md.
+  Expected (docs/table3.md, docs/table3_overfit/results.md): the base row's dev BLEU 10.3 and 11.6 at
+  step 1,800 (seeds 0 and 1), test BLEU 10.7 and 11.1 at 2,000 (500 pairs each), dev perplexity 37.7 and
+  38.8 at the end, the dev loss flat over the last 400 steps and ~0.4 nats above the training loss. By
+  perplexity, each row by the mean of its seeds: 11 of 19 rows agree with the paper's direction (width,
+  d_ff, d_k, N = 2, dropout 0, label smoothing), 7 disagree (heads 1, 4, 16: key width d_k, not head
+  count, sets quality at d_model 64; N = 4, 8; dropout 0.2; learned positions) and big ties (dropout 0.3
+  underfits at d_model 128). Not the issue's 15 of 19; docs/table3.md says what would settle each row.
+  Cost (measured 2026-11-26): the first pass's 21 trials ran 3.9 trial-hours (base 7-8 minutes, big 56);
+  two at a time on 2 cores, about 2 hours of wall-clock, and the seven second seeds ~0.4 more.
 
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
   beam 4, no checkpoint averaging). Our PPL is per SentencePiece piece with a 37k vocabulary, the paper's
