@@ -93,8 +93,8 @@ def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
   out = []
   for name, trials in seeds_of(rows, baseline).items():
     row = trials[0]
-    statuses = {t.get("status") for t in trials}
-    status = row.get("status") if len(statuses) == 1 else ", ".join(
+    # One seed, or seeds that agree: its status; else the seeds that are not done, e.g. 'A_h1_seed1 failed'.
+    status = row.get("status") if len({t.get("status") for t in trials}) == 1 else ", ".join(
         f"{t['trial']} {t.get('status')}" for t in trials if t.get("status") not in (None, "done")) or None
     result = {"trial": name, "status": status, "trials": [t["trial"] for t in trials]}
     for metric, key in keys.items():
@@ -106,9 +106,9 @@ def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
       paper, paper_ref = row.get(f"paper_{metric}"), paper_base.get(f"paper_{metric}")
       paper_delta = None if paper is None or paper_ref is None else paper - paper_ref
       ours_dir = direction(ours_delta, max(spread or 0.0, own_spread), LOWER_IS_BETTER[metric])
-      result.update({f"seeds_{metric}": len(values), f"spread_{metric}": own_spread})
       paper_dir = direction(paper_delta, ties[metric], LOWER_IS_BETTER[metric])
-      result.update({f"ours_{metric}": ours, f"ours_delta_{metric}": ours_delta, f"ours_dir_{metric}": ours_dir,
+      result.update({f"seeds_{metric}": len(values), f"spread_{metric}": own_spread,
+                     f"ours_{metric}": ours, f"ours_delta_{metric}": ours_delta, f"ours_dir_{metric}": ours_dir,
                      f"paper_{metric}": paper, f"paper_delta_{metric}": paper_delta,
                      f"paper_dir_{metric}": paper_dir, f"verdict_{metric}": verdict(ours_dir, paper_dir)})
     out.append(result)
