@@ -75,7 +75,10 @@ def get_config(arg=None):
       warmup_steps=200,
       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
       label_smoothing=0.1,
-      loss_chunk_tokens=1024,      # fused output layer + loss, this many tokens at a time (0: full logits)
+      loss_chunk_tokens=1024,      # fused output layer + loss, this many tokens at a time per device
+                                   # (0: full logits)
+      rng_impl="threefry",         # dropout's PRNG: threefry | rbg | unsafe_rbg (docs/accelerators.md)
+      profile_steps="",            # "A-B": a jax.profiler trace of steps A+1..B in RUN/profile
       weight_decay=0.0,
       grad_clip_norm=0.0,          # 0: off
       grad_accum_steps=1,

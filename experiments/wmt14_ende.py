@@ -19,7 +19,7 @@ Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.
 Cost (paper: 8 P100s; base 100K steps in 12 h, big 300K steps in 3.5 days). Model FLOPs, 6 * params *
   tokens with ~25k source + 25k target tokens per step: base ~9.5e12 / step, ~9.5e17 in all; big ~3.2e13 /
   step, ~9.6e18 in all. At 30% of bf16 peak (the paper's own runs reached ~29% (base) and ~42% (big) of
-  the P100's fp32 peak) with --config.model.dtype=bfloat16: base ~2.8 h on 1 A100, ~25 min on 8; big
+  the P100's fp32 peak), in bfloat16 as configured: base ~2.8 h on 1 A100, ~25 min on 8; big
   ~29 h on 1 A100, ~3.6 h on 8. REPRODUCING.md derives these numbers.
 
 Batches: the paper's "approximately 25000 source tokens and 25000 target tokens" per step, counted as it
@@ -30,8 +30,8 @@ train/tgt_tokens_per_batch). A batch's fixed shape has room for its bucket's sho
 up to ~1.5x as many slots, the unused rows being padding. The batch is split over the devices and then
 into config.train.grad_accum_steps micro-batches, so fewer or smaller devices keep the paper's batch by
 raising grad_accum_steps: each device holds batch_tokens / (devices * grad_accum_steps) real tokens per
-side at once. Rough fits in float32: base ~4-6k
-tokens per 16 GB device, big ~2-3k; e.g. 1 GPU: base grad_accum_steps=4-8, big 8-12; 8 GPUs: base 1, big 2.
+side at once. The models compute in bfloat16 (model.dtype; float32 parameters, optimizer state,
+softmax, norms and loss); --config.model.dtype=float32 trains in float32 instead.
 
 The TFDS splits of wmt14_translate/de-en (tensorflow_datasets/translate/wmt14.py, checked in the installed
 4.9.10): 'train' = europarl_v7 + commoncrawl + newscommentary_v9 (4.5M pairs), 'validation' =
@@ -62,7 +62,10 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
                       dropout_rate=big_dropout if size == "big" else 0.1,
                       attention_dropout_rate=0.0, relu_dropout_rate=0.0,
                       max_len=512,           # positions for the longest newstest sentences plus 50
-                      pre_norm=False, positions="sinusoidal", share_embeddings=True)
+                      pre_norm=False, positions="sinusoidal", share_embeddings=True,
+                      # An accelerator's settings: bfloat16 activations and matmul operands; parameters,
+                      # optimizer state, softmax, norms and the loss stay float32 (docs/accelerators.md).
+                      dtype="bfloat16", param_dtype="float32")
 
   # Typed None: config_flags refuses to override a field whose value is plain None (Table 3 sets them).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)
@@ -84,6 +87,7 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
       label_smoothing=0.1, weight_decay=0.0, grad_clip_norm=0.0,
       grad_accum_steps=grad_accum_steps,
+      loss_chunk_tokens=8192,              # per device: larger matmuls for a GPU's output layer
       log_every=100, eval_every=2000, bleu_every=10_000,
       checkpoint_every_steps=0,            # the paper: by time, every 10 minutes
       checkpoint_every_minutes=10.0,

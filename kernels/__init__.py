@@ -6,7 +6,6 @@ TransformerConfig.kernels chooses them. For every pass (model.ops.ops_for):
   mixed_matmul   bfloat16-operand matmuls with float32 accumulation, custom gradient (mixed precision)
   flat_matmul    float32 dense layers with several contracted or output axes as one 2-D matmul
   dropout16      dropout drawing 16 random bits per element instead of 32
-  fused_loss     the output layer and the label-smoothed loss fused, chunk by chunk, without full logits
 
 The CPU decoding backend, which only decoding on a CPU uses (model.ops.decoding_for):
 
@@ -35,7 +34,10 @@ MASKED = -1e9
 
 
 def resolve(kernels: str) -> str:
-  """'auto' -> 'cpu' when JAX's default backend is the CPU, else 'reference'; the others unchanged."""
+  """'auto' -> 'cpu' when JAX's default backend is the CPU, else 'reference'; the others unchanged.
+
+  For what is chosen before anything is traced (decoding's cache layout). The train and eval steps
+  resolve 'auto' where their program is lowered instead (model.ops.on_lowering_platform)."""
   if kernels not in CHOICES:
     raise ValueError(f"kernels={kernels!r} is not one of {list(CHOICES)}")
   if kernels == "auto":

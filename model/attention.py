@@ -24,19 +24,28 @@ class PackedMask:
   segment ids (model/fused_attention.py) where the plain attention reads the dense mask.
 
   dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
-  whether a query also sees no later key."""
+  whether a query also sees no later key; packed: whether a row may hold several sequences (False: one
+  sequence a row, its tokens first and padding after, so that lengths describe the mask)."""
   dense: jax.Array
   q_segments: jax.Array
   kv_segments: jax.Array
   causal: bool = flax.struct.field(pytree_node=False, default=False)
+  packed: bool = flax.struct.field(pytree_node=False, default=True)
+
+  def lengths(self):
+    """Unpacked rows: (query lengths, key lengths) int32 [b], at least 1 (an empty row attends to its
+    first position, so that nothing divides by zero)."""
+    count = lambda segments: jnp.maximum(jnp.sum(segments != 0, axis=1), 1).astype(jnp.int32)
+    return count(self.q_segments), count(self.kv_segments)
 
 
-def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False) -> PackedMask:
+def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False,
+                packed: bool = True) -> PackedMask:
   """segment_mask (and causal_mask) as a PackedMask."""
   dense = segment_mask(q_segments, kv_segments)
   if causal:
     dense = dense & causal_mask(q_segments.shape[1])
-  return PackedMask(dense, q_segments, kv_segments, causal)
+  return PackedMask(dense, q_segments, kv_segments, causal, packed)
 
 
 def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:

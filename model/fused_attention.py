@@ -66,7 +66,16 @@ def splash_unsupported(q, k, v, bias, dropout: bool) -> str | None:
 def cudnn(q, k, v, mask, bias):
   """cuDNN's flash attention. q [b, q_len, h, d]; k, v [b, kv_len, g, d] (g divides h); mask: a
   model.attention.PackedMask; bias None or [b, h, q_len, kv_len]. Returns [b, q_len, h, d] in q's dtype.
-  Traces only where jax's CUDA plugin is installed (RuntimeError 'cuDNN is not detected' elsewhere)."""
+  Traces only where jax's CUDA plugin is installed (RuntimeError 'cuDNN is not detected' elsewhere).
+
+  With one sequence a row (mask.packed False) and no score bias, the mask goes to cuDNN as what it is:
+  the rows' lengths and, for the decoder's self-attention, the causal mask type. cuDNN then reads no
+  [b, 1, q_len, kv_len] array, skips the blocks above the diagonal, and its backward pass computes no
+  bias gradient. A packed batch's segments, or a bias, go as a dense mask (jax turns it into a bias)."""
+  if bias is None and not mask.packed:
+    q_lengths, kv_lengths = mask.lengths()
+    return jax.nn.dot_product_attention(q, k, v, is_causal=mask.causal, query_seq_lengths=q_lengths,
+                                        key_value_seq_lengths=kv_lengths, implementation="cudnn")
   bias = None if bias is None else bias.astype(q.dtype)
   return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask.dense, implementation="cudnn")
 

@@ -3,8 +3,12 @@ kernels/ fast paths.
 
 TransformerConfig.kernels chooses, here: "reference" uses the plain pieces below and model/cache.py;
 "cpu" plugs in the XLA:CPU fast paths of kernels/ (same results, see tests/test_kernels.py); "auto" picks
-"cpu" where JAX's default backend is the CPU. The layers receive the chosen pieces as arguments (a
-`dot_general` for their matmuls, a dropout module class), so they read the same either way.
+"cpu" in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and
+eval steps resolve "auto" where the program is lowered (`on_lowering_platform`, jax.lax.platform_dependent):
+a step exported from this CPU host for "cuda" is exactly the step a GPU host traces with "reference".
+Decoding, whose cache layout is chosen before anything is traced, resolves it from the devices JAX runs
+on (kernels.resolve). The layers receive the chosen pieces as arguments (a `dot_general` for their
+matmuls, a dropout module class), so they read the same either way.
 
 Two choices: `ops_for` (what every pass computes with: training, evaluation, decoding) and
 `decoding_for` (what decoding alone runs on: the cache, the output layer's weights, the decoder's
@@ -45,7 +49,8 @@ class Ops:
   dot_general: for every matmul (None: lax.dot_general in the compute dtype). The CPU path sets
   kernels.flat_matmul's in float32 and kernels.mixed_matmul's for mixed precision.
   dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
-  fused_loss: train/ may fuse the output layer with the loss (kernels/fused_loss.py).
+  fused_loss: whether train/ fuses the output layer with the loss (train/chunked_loss.py): every
+  architecture with a decoder, on every path; the masked LM's head keeps full logits.
   matmul_dtype: cfg.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
   (mixed precision), else None.
   """
@@ -100,7 +105,19 @@ def ops_for(cfg: TransformerConfig) -> Ops:
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout, fused_loss=cfg.arch != "encoder_only")
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, fused_loss=False)
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout,
+             fused_loss=cfg.arch != "encoder_only")
+
+
+def on_lowering_platform(fn: Callable, cfg: TransformerConfig, *args):
+  """fn(cfg, *args), with cfg.kernels="auto" resolved by the platform the program is lowered for: a
+  program lowered for the CPU runs fn with kernels="cpu", one lowered for anything else with
+  "reference". Both are traced; only the lowered platform's branch reaches the compiled program.
+  args are passed through as arguments: a branch must close over no arrays (jax.export)."""
+  if cfg.kernels != "auto":
+    return fn(cfg, *args)
+  branch = lambda kernels: functools.partial(fn, cfg.replace(kernels=kernels))
+  return lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:

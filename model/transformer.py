@@ -65,6 +65,7 @@ class PositionBias(nn.Module):
 class Encoder(nn.Module):
   cfg: TransformerConfig
   shared_embedding: nn.Module | None = None
+  packed: bool = True   # Transformer.packed
 
   def setup(self):
     cfg = self.cfg
@@ -77,7 +78,7 @@ class Encoder(nn.Module):
   def __call__(self, src, src_segments, src_positions, deterministic=True):
     """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
     x = self.embed(src, src_positions, deterministic)
-    mask = packed_mask(src_segments, src_segments)             # dense [b, 1, src_len, src_len]
+    mask = packed_mask(src_segments, src_segments, packed=self.packed)   # dense [b, 1, src_len, src_len]
     bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
     x = stack.apply(self.layers, x, mask, deterministic, src_positions, bias)
     return self.final_norm(x) if self.cfg.pre_norm else x
@@ -86,6 +87,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   cfg: TransformerConfig
   shared_embedding: nn.Module | None = None
+  packed: bool = True   # Transformer.packed
 
   def setup(self):
     cfg = self.cfg
@@ -102,8 +104,9 @@ class Decoder(nn.Module):
     """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer).
     Without cross-attention (decoder-only) enc_out and src_segments are None."""
     x = self.embed(tgt_in, tgt_positions, deterministic)
-    self_mask = packed_mask(tgt_segments, tgt_segments, causal=True)
-    cross_mask = None if enc_out is None else packed_mask(tgt_segments, src_segments)  # [b,1,tgt,src]
+    self_mask = packed_mask(tgt_segments, tgt_segments, causal=True, packed=self.packed)
+    cross_mask = (None if enc_out is None else
+                  packed_mask(tgt_segments, src_segments, packed=self.packed))   # [b, 1, tgt, src]
     bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
     x = stack.apply(self.layers, x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)
@@ -170,8 +173,14 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder with (by default) one embedding matrix shared by both inputs and the output."""
+  """Encoder-decoder with (by default) one embedding matrix shared by both inputs and the output.
+
+  packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises
+  one sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths
+  (and a causal flag) instead of a dense mask (model/fused_attention.py). Not a parameter: it never
+  changes what the model computes on batches that keep the promise."""
   cfg: TransformerConfig
+  packed: bool = True
 
   def setup(self):
     cfg, ops = self.cfg, ops_for(self.cfg)
@@ -184,9 +193,9 @@ class Transformer(nn.Module):
     else:
       shared = None
     if cfg.arch != "decoder_only":
-      self.encoder = Encoder(cfg, shared)
+      self.encoder = Encoder(cfg, shared, self.packed)
     if cfg.arch != "encoder_only":
-      self.decoder = Decoder(cfg, shared)
+      self.decoder = Decoder(cfg, shared, self.packed)
     else:
       self.mlm_head = MaskedLMHead(cfg)
       if cfg.num_classes:

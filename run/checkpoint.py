@@ -65,8 +65,9 @@ def key_to_json(key) -> list[int]:
   return [int(x) for x in np.asarray(jax.random.key_data(key)).reshape(-1)]
 
 
-def key_from_json(words) -> jax.Array:
-  return jax.random.wrap_key_data(np.asarray(words, np.uint32))
+def key_from_json(words, impl: str = "threefry2x32") -> jax.Array:
+  """key_to_json's words -> the typed key of PRNG implementation `impl`."""
+  return jax.random.wrap_key_data(np.asarray(words, np.uint32), impl=impl)
 
 
 class CheckpointMismatch(ValueError):

@@ -78,6 +78,12 @@ def check_resume(config: ml_collections.ConfigDict, workdir, has_checkpoints: bo
   if fatal and has_checkpoints:
     raise UserError(f"{path}: this run directory was trained with different settings "
                     f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
+  old_impl = read_config_json(path).get("train", {}).get("rng_impl", "threefry")
+  new_impl = new.get("train", {}).get("rng_impl", "threefry")
+  if old_impl != new_impl and has_checkpoints:
+    raise UserError(f"{path}: config.train.rng_impl={new_impl!r}, but this run's checkpoints hold a "
+                    f"{old_impl!r} dropout key, and a key of one implementation cannot continue another's "
+                    f"random stream; resume with --config.train.rng_impl={old_impl}, or use a new --workdir")
   return changes
 
 

@@ -53,13 +53,20 @@ def test_splash_in_interpret_mode_equals_the_plain_attention_and_its_gradient(ca
     np.testing.assert_allclose(a, b_, atol=5e-5)
 
 
-def _logits(cfg, seed=0, length=128):
+def _logits(cfg, seed=0, length=128, packed=True, grads=False):
+  """The model's logits on two rows (the second padded) and where they are real; grads: also the
+  gradient of a loss over the real logits with respect to every parameter."""
   rng = np.random.default_rng(seed)
   src = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
   tgt = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
   src, tgt = src.at[1, 100:].set(0), tgt.at[1, 90:].set(0)      # padding
   params = Transformer(cfg.replace(attention_impl="xla")).init({"params": jax.random.key(0)}, src, tgt)
-  return np.asarray(Transformer(cfg).apply(params, src, tgt)), np.asarray(tgt != 0)
+  model, real = Transformer(cfg, packed=packed), np.asarray(tgt != 0)
+  logits = np.asarray(model.apply(params, src, tgt))
+  if not grads:
+    return logits, real
+  loss = lambda p: jnp.sum(jnp.where(real[..., None], model.apply(p, src, tgt), 0.0).astype(jnp.float32) ** 2)
+  return logits, real, jax.grad(loss)(params)
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope"])
@@ -105,3 +112,47 @@ def test_cudnn_equals_the_plain_attention_on_a_gpu():
   got, real = _logits(cfg)
   want, _ = _logits(cfg.replace(attention_impl="xla"))
   np.testing.assert_allclose(got[real], want[real], atol=5e-2)
+
+
+def test_unpacked_rows_reach_cudnn_as_lengths_and_a_causal_flag_not_a_dense_mask(monkeypatch):
+  """cuDNN cannot be traced on this CPU (jax's CUDA plugin is absent), so jax.nn.dot_product_attention is
+  mocked at that boundary: with one sentence a row (Transformer(packed=False)) every attention hands it
+  the rows' lengths, the decoder's self-attention the causal flag, and none a mask or a bias; a packed
+  batch still hands it the dense mask. The mock computes with XLA's implementation, so the logits must
+  equal the plain attention's."""
+  calls = []
+  real_attention = jax.nn.dot_product_attention
+
+  def recorded(q, k, v, bias=None, mask=None, *, is_causal=False, query_seq_lengths=None,
+               key_value_seq_lengths=None, implementation=None, **kwargs):
+    calls.append(dict(bias=bias, mask=mask, causal=is_causal, q_lengths=query_seq_lengths,
+                      kv_lengths=key_value_seq_lengths, implementation=implementation))
+    return real_attention(q, k, v, bias, mask, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+                          key_value_seq_lengths=key_value_seq_lengths, implementation="xla")
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
+  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
+  got, real = _logits(cfg, packed=False)
+  assert [c["causal"] for c in calls] == [False, True, False]   # encoder, decoder self, cross
+  for call in calls:
+    assert call["implementation"] == "cudnn" and call["bias"] is None and call["mask"] is None
+    assert call["q_lengths"].shape == (2,) and call["kv_lengths"].shape == (2,)
+  np.testing.assert_array_equal(calls[1]["q_lengths"], [128, 90])    # the target rows' lengths
+  np.testing.assert_array_equal(calls[2]["kv_lengths"], [128, 100])  # cross-attention reads the source's
+  want, _ = _logits(cfg.replace(attention_impl="xla"))
+  np.testing.assert_allclose(got[real].astype(np.float32), want[real].astype(np.float32), atol=5e-2)
+  calls.clear()
+  _logits(cfg, packed=True)
+  assert all(c["mask"] is not None and c["q_lengths"] is None for c in calls)
+
+
+def test_cudnn_with_lengths_equals_the_plain_attention_and_its_gradient_on_a_gpu():
+  if jax.default_backend() != "gpu":
+    pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
+  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
+  got, real, got_grads = _logits(cfg, packed=False, grads=True)
+  want, _, want_grads = _logits(cfg.replace(attention_impl="xla"), grads=True)
+  np.testing.assert_allclose(got[real].astype(np.float32), want[real].astype(np.float32), atol=5e-2)
+  for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, atol=5e-2 * max(1.0, np.abs(b).max()))

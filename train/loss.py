@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import fused_loss
+from train import chunked_loss
 
 
 def smoothed_target(vocab: int, label_smoothing: float):
@@ -58,13 +58,13 @@ def correct(logits, targets, weights):
 
 def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024,
                         matmul_dtype=None):
-  """The output layer and the three sums above in one pass, without the [tokens, vocab] logits (the CPU
-  fast path, kernels/fused_loss.py): (smoothed loss sum, nll sum, correct sum) of logits = y @ table^T.
+  """The output layer and the three sums above in one pass, without the [tokens, vocab] logits
+  (train/chunked_loss.py): (smoothed loss sum, nll sum, correct sum) of logits = y @ table^T.
 
   y [rows, length, d_model]; table [vocab, d_model]; targets, weights [rows, length]; chunk_tokens:
   about this many tokens per chunk; matmul_dtype: None or the operand dtype of mixed precision.
   Gradients flow through the smoothed loss only.
   """
   target = smoothed_target(table.shape[0], label_smoothing)
-  return fused_loss.fused_output_losses(y, table, targets, weights, target, int(chunk_tokens),
+  return chunked_loss.fused_output_losses(y, table, targets, weights, target, int(chunk_tokens),
                                         matmul_dtype)

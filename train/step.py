@@ -25,11 +25,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import BATCH_KEYS, OPTIONAL_BATCH_KEYS   # the data contract: one definition, in data/
 from model import Transformer
-from model.ops import ops_for
+from model.ops import on_lowering_platform, ops_for
 from train import loss as loss_lib
 
-# Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, used where
-# the model's config.kernels picks the CPU fast paths); 0: full logits.
+# Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, every
+# platform); 0: full logits (the reference the tests compare with).
 DEFAULT_LOSS_CHUNK = 1024
 
 
@@ -124,9 +124,9 @@ def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, determinis
   """Forward pass -> (smoothed loss sum, aux sums). Every sum is over the scored target tokens: the
   batch's tgt_weights where it has them (decoder-only translation, masked LM), else every real one.
 
-  Where the model's config.kernels picks the CPU fast paths and chunk_tokens > 0, the output projection
-  is fused with the loss, chunk_tokens tokens at a time (loss.fused_output_losses: same sums, no
-  [tokens, vocab] logits in memory); otherwise the reference: full logits, then the losses.
+  With chunk_tokens > 0 (every architecture with a decoder) the output projection is fused with the
+  loss, chunk_tokens tokens at a time (loss.fused_output_losses: same sums, no [tokens, vocab] logits in
+  memory); otherwise the reference: full logits, then the losses.
   """
   ops = ops_for(model.cfg)
   inputs = dict(src_segments=batch["src_segments"], tgt_segments=batch["tgt_segments"],
@@ -189,9 +189,10 @@ def train_step(state: TrainState, batch: dict, rng, *, model, tx, schedule, labe
   Returns (new state, metrics dict of float32 scalars).
   """
   rng = jax.random.fold_in(rng, state.step)
-  grads, aux = _grad_sums(state.params, batch, rng, model=model, label_smoothing=label_smoothing,
-                          accum_steps=accum_steps, micro_sharding=micro_sharding,
-                          chunk_tokens=loss_chunk_tokens)
+  grad_sums = lambda cfg, params, batch, rng: _grad_sums(
+      params, batch, rng, model=model.clone(cfg=cfg), label_smoothing=label_smoothing,
+      accum_steps=accum_steps, micro_sharding=micro_sharding, chunk_tokens=loss_chunk_tokens)
+  grads, aux = on_lowering_platform(grad_sums, model.cfg, state.params, batch, rng)
   tokens = jnp.maximum(aux["tokens"], 1.0)     # real target tokens of the whole global batch
   grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -221,9 +222,10 @@ def eval_step(params, batch: dict, *, model, label_smoothing: float,
 
   The caller adds them over batches and divides by 'tokens' (see `finish_eval`).
   """
-  _, aux = _loss_sums(params, batch, None, model=model, label_smoothing=label_smoothing,
-                      deterministic=True, chunk_tokens=loss_chunk_tokens)
-  return aux
+  loss_sums = lambda cfg, params, batch: _loss_sums(
+      params, batch, None, model=model.clone(cfg=cfg), label_smoothing=label_smoothing,
+      deterministic=True, chunk_tokens=loss_chunk_tokens)[1]
+  return on_lowering_platform(loss_sums, model.cfg, params, batch)
 
 
 def finish_eval(sums: dict) -> dict:

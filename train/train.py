@@ -42,15 +42,19 @@ from run import checkpoint_arg, get_vocab, model_config
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run.mesh import make_mesh
 from run.user_errors import UserError
-from train import flops as flops_lib, multihost, schedules
+from train import flops as flops_lib, goodput, multihost, schedules
 from train.average import average_and_test
 from train import step as step_lib
 from train.optimizer import make_optimizer
 from train.signals import SignalFlag
 
-# Keys of config.train/metrics excluded from "must match on resume": they measure the machine, not the run.
+# Keys of metrics.jsonl excluded from "must match on resume": they measure the machine, not the run (the
+# padding shares count the empty rows that round a batch up to a multiple of the devices).
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds",
-               "train/model_flops_per_sec", "train/mfu")
+               "train/model_flops_per_sec", "train/mfu", "train/padding", "train/src_padding",
+               *(f"time/{part}_s" for part in (*goodput.PARTS, "wall")))
+# config.train.rng_impl -> jax's PRNG implementation of the dropout key.
+RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 
 
 class NonFiniteError(RuntimeError):
@@ -70,6 +74,7 @@ class Outcome:
   stopped_early: bool = False          # dev loss stopped improving (config.train.early_stop_evals)
   samples: list | None = None          # [(source, reference, hypothesis)]
   eval: dict | None = None
+  time: dict | None = None             # the run's wall-clock split: train/goodput.py's PARTS, seconds
 
 
 def _say(*args, **kwargs) -> None:
@@ -171,16 +176,11 @@ def train_and_evaluate(config, workdir) -> Outcome:
     return _train(config, workdir)
 
 
-def _train(config, workdir: pathlib.Path) -> Outcome:
+def _open_run(config, workdir: pathlib.Path):
+  """The checkpoint manager and the config check (config.json is written once restored). -> manager."""
   tc = config.train
-
-  # ------------------------------------------------------------------------------------------------
-  # Run directory: checkpoint manager and the config check (config.json is written once restored).
-  # ------------------------------------------------------------------------------------------------
-  average_last, patience = int(tc.get("average_last", 0)), int(tc.get("early_stop_evals", 0))
-  translates = tasks.translates(config.data)   # dev and test BLEU; lm and mlm have no translations
-  if average_last > int(tc.keep_checkpoints):
-    raise UserError(f"config.train.average_last={average_last} averages more checkpoints than "
+  if int(tc.get("average_last", 0)) > int(tc.keep_checkpoints):
+    raise UserError(f"config.train.average_last={tc.average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
   manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
   has_checkpoints = bool(manager.all_steps())
@@ -190,19 +190,21 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   changes = config_io.check_resume(config, workdir, has_checkpoints)
   if changes:
     _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
+  return manager, derived_before
+
+
+@dataclasses.dataclass
+class _Data:
+  vocab: object
+  train_iter: object
+  dev_pairs: list
+  dev_batches: list
+
+
+def _load_data(config, workdir, derived_before: int, num_devices: int, accum: int) -> _Data:
+  """Vocabulary, the training iterator and the dev batches; batches are padded with empty rows to a
+  multiple of devices * accumulation (which pairs form a batch does not depend on it)."""
   primary = multihost.is_primary()
-
-  # ------------------------------------------------------------------------------------------------
-  # Mesh: one 'data' axis over every device of every process; batches are padded with empty rows to a
-  # multiple of devices * accumulation (which pairs form a batch does not depend on it).
-  # ------------------------------------------------------------------------------------------------
-  mesh = make_mesh()
-  num_devices = mesh.devices.size
-  accum = int(tc.grad_accum_steps)
-
-  # ------------------------------------------------------------------------------------------------
-  # Data.
-  # ------------------------------------------------------------------------------------------------
   if primary:   # process 0 makes the vocabulary and the tokenized corpus once; the others then read them
     vocab = get_vocab(config.data, workdir)
     tokenized(config.data, vocab, "train")   # the on-disk cache (data/cache.py); other hosts wait on its lock
@@ -214,62 +216,103 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
                                    **processes)
   dev_pairs = load_pairs(config.data, "dev")
-  dev_pairs = dev_pairs[:tc.dev_sentences] if tc.dev_sentences else dev_pairs
+  dev_pairs = dev_pairs[:config.train.dev_sentences] if config.train.dev_sentences else dev_pairs
   dev_batches = make_eval_batches(config.data, vocab, dev_pairs, row_multiple=num_devices, **processes)
+  return _Data(vocab, train_iter, dev_pairs, dev_batches)
 
-  # ------------------------------------------------------------------------------------------------
-  # Model and optimizer.
-  # ------------------------------------------------------------------------------------------------
-  model = Transformer(model_config(config, vocab.size))
+
+def _keys(config):
+  """(params key, the train key of config.train.rng_impl: what dropout draws from, folded per step)."""
+  params_key, train_key = jax.random.split(jax.random.key(config.seed))
+  name = config.train.get("rng_impl", "threefry")
+  if name not in RNG_IMPLS:
+    raise UserError(f"config.train.rng_impl={name!r} is not one of {list(RNG_IMPLS)}")
+  impl = RNG_IMPLS[name]
+  if impl != "threefry2x32":   # the same seed, drawn into a key of the other implementation
+    words = jax.random.key_data(jax.random.key(0, impl=impl)).size
+    train_key = jax.random.wrap_key_data(jax.random.bits(train_key, (words,), jnp.uint32), impl=impl)
+  return params_key, train_key
+
+
+@dataclasses.dataclass
+class _Start:
+  state: object
+  train_key: object
+  pending: list        # per-step metric dicts since the last log line (restored too: exact averages)
+  early: dict          # early stopping: the best dev loss so far, the evals since it, whether stopped
+
+
+def _starting_state(config, workdir, manager, model, tx, mesh, vocab, train_iter) -> _Start:
+  """Resume > init_checkpoint > scratch (see the module docstring)."""
+  tc = config.train
+  abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
+  params_key, train_key = _keys(config)
+  params, opt_state, meta, _ = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state,
+                                                   reset_optimizer=bool(tc.get("reset_optimizer", False)))
+  early = {"best": float("inf"), "bad": 0, "stopped": False}
+  if meta is None:
+    state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
+    if tc.init_checkpoint:
+      state = _init_from_checkpoint(tc.init_checkpoint, state, shardings)
+    return _Start(state, train_key, [], early)
+  early.update(meta.get("early_stop", {}))
+  if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
+    raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
+                     f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
+  if opt_state is None:   # reset_optimizer and the saved state did not fit: a fresh one
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+    _say(f"[train] config.train.reset_optimizer: step {meta['step']}'s optimizer state does not fit the "
+         f"optimizer as configured now; starting it afresh (parameters, step and data position kept)")
+  state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
+                              opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
+  try:
+    train_iter.set_state(meta["data"])
+  except ValueError as error:
+    raise ckpt.CheckpointMismatch(f"{workdir / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
+  _say(f"[train] resumed {workdir} at step {meta['step']}")
+  train_key = ckpt.key_from_json(meta["rng"], RNG_IMPLS[tc.get("rng_impl", "threefry")])
+  return _Start(jax.device_put(state, shardings), train_key, meta.get("pending_metrics", []), early)
+
+
+def _profile_window(spec: str) -> tuple[int, int] | None:
+  """config.train.profile_steps "A-B" -> (A, B): trace the steps after step A up to step B."""
+  if not spec:
+    return None
+  first, _, last = str(spec).partition("-")
+  try:
+    window = int(first), int(last or first)
+  except ValueError:
+    window = (0, -1)
+  if not 0 <= window[0] < window[1]:
+    raise UserError(f"config.train.profile_steps={spec!r}: give 'A-B' with 0 <= A < B (e.g. '100-105'): "
+                     f"the trace covers the steps after step A up to step B")
+  return window
+
+
+def _train(config, workdir: pathlib.Path) -> Outcome:
+  tc, primary = config.train, multihost.is_primary()
+  manager, derived_before = _open_run(config, workdir)
+
+  # Mesh (one 'data' axis over every device of every process), data, model and optimizer.
+  mesh = make_mesh()
+  accum = int(tc.grad_accum_steps)
+  data = _load_data(config, workdir, derived_before, mesh.devices.size, accum)
+  model = Transformer(model_config(config, data.vocab.size), packed=bool(config.data.get("pack", True)))
   schedule = schedules.make_schedule(tc, config.model.d_model)
   tx = make_optimizer(tc, schedule)
-  abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
   # MFU (train/flops.py): this process's model FLOPs over its devices' peak.
   meter = flops_lib.Meter(model.cfg, flops_lib.peak_flops(jax.local_devices(), model.cfg,
                                                           float(tc.get("peak_flops", 0.0)))[0],
                           processes=jax.process_count())
-
-  # ------------------------------------------------------------------------------------------------
-  # State: resume > init_checkpoint > scratch (see the module docstring).
-  # ------------------------------------------------------------------------------------------------
-  params_key, train_key = jax.random.split(jax.random.key(config.seed))
-  reset_optimizer = bool(tc.get("reset_optimizer", False))
-  params, opt_state, meta, manager = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state,
-                                                         reset_optimizer=reset_optimizer)
-  pending = []   # per-step metric dicts since the last log line (restored too: exact averages on resume)
-  # Early stopping: the best dev loss so far, the evals since it, and whether the run has stopped.
-  early = {"best": float("inf"), "bad": 0, "stopped": False}
-  if meta is not None:
-    early.update(meta.get("early_stop", {}))
-    if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
-      raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
-                       f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
-    if opt_state is None:   # reset_optimizer and the saved state did not fit: a fresh one
-      opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-      _say(f"[train] config.train.reset_optimizer: step {meta['step']}'s optimizer state does not fit the "
-           f"optimizer as configured now; starting it afresh (parameters, step and data position kept)")
-    state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
-                                opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
-    state = jax.device_put(state, shardings)
-    train_key = ckpt.key_from_json(meta["rng"])
-    try:
-      train_iter.set_state(meta["data"])
-    except ValueError as error:
-      raise ckpt.CheckpointMismatch(f"{workdir / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
-    pending = meta.get("pending_metrics", [])
-    _say(f"[train] resumed {workdir} at step {meta['step']}")
-  else:
-    state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
-    if tc.init_checkpoint:
-      state = _init_from_checkpoint(tc.init_checkpoint, state, shardings)
+  start = _starting_state(config, workdir, manager, model, tx, mesh, data.vocab, data.train_iter)
+  state, pending, early, train_key = start.state, start.pending, start.early, start.train_key
   start_step = int(state.step)
   if primary:
     config_io.save_config(config, workdir)
     run_dir.write_versions(workdir)
 
-  # ------------------------------------------------------------------------------------------------
   # Steps: jitted once, with explicit shardings; the state is donated.
-  # ------------------------------------------------------------------------------------------------
+  shardings = step_lib.state_shardings(state, mesh, tc.fsdp)
   chunk = int(tc.get("loss_chunk_tokens", step_lib.DEFAULT_LOSS_CHUNK))
   train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
                                        label_smoothing=tc.label_smoothing, accum_steps=accum,
@@ -277,10 +320,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing,
                                      loss_chunk_tokens=chunk)
 
-  # ------------------------------------------------------------------------------------------------
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
   # SIGTERM/SIGINT; never a state that went non-finite.
-  # ------------------------------------------------------------------------------------------------
   def check_finite(step):
     bad = int(state.nonfinite_step)
     if bad >= 0:
@@ -292,42 +333,42 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
           f"{workdir / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
           f"config.train.learning_rate, config.train.grad_clip_norm > 0 or a longer warmup.")
 
-  def save(step):
+  def save(step):   # (clock: assigned before the loop calls it)
     check_finite(step)
-    host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
-    meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": train_iter.get_state(),
-            "vocab_fingerprint": vocab.fingerprint, "seed": config.seed, "pending_metrics": host_pending,
-            "early_stop": dict(early)}
-    ckpt.save(manager, step, state.params, state.opt_state, meta)
+    with clock.part("checkpoint"):
+      host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
+      meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": data.train_iter.get_state(),
+              "vocab_fingerprint": data.vocab.fingerprint, "seed": config.seed,
+              "pending_metrics": host_pending, "early_stop": dict(early)}
+      ckpt.save(manager, step, state.params, state.opt_state, meta)
 
-  # ------------------------------------------------------------------------------------------------
-  # Evaluation.
-  # ------------------------------------------------------------------------------------------------
-  # A finished run rerun reports again: its final eval and test lines are rewritten, not duplicated.
+  # Evaluation. A finished run rerun reports again: its final eval and test lines are rewritten.
   writer = metrics_io.NoMetrics()
   if primary:
     writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
                                       drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
   def evaluate(step, with_bleu):
-    t0 = time.time()
-    result = {f"eval/{k}": v for k, v in _evaluate(eval_step, state.params, dev_batches, mesh).items()}
-    result["eval/seconds"] = time.time() - t0
-    if with_bleu:
+    with clock.part("eval"):
       t0 = time.time()
-      bleu, _, _ = _bleu(model, state.params, vocab, dev_pairs, config.decode, source_eos(config.data))
-      result["eval/bleu"] = bleu
-      result["eval/bleu_seconds"] = time.time() - t0
-    writer.write(step, result)
+      result = {f"eval/{k}": v for k, v in _evaluate(eval_step, state.params, data.dev_batches, mesh).items()}
+      result["eval/seconds"] = time.time() - t0
+      if with_bleu:
+        t0 = time.time()
+        result["eval/bleu"] = _bleu(model, state.params, data.vocab, data.dev_pairs, config.decode,
+                                    source_eos(config.data))[0]
+        result["eval/bleu_seconds"] = time.time() - t0
+      writer.write(step, result)
     return result
 
-  # ------------------------------------------------------------------------------------------------
-  # The loop. Metrics stay on device until a log step; the host never waits on a step otherwise.
-  # ------------------------------------------------------------------------------------------------
+  # The loop. Metrics stay on device until a log step; the host never waits on a step otherwise. Its
+  # wall-clock, and the end's, split into step, input, eval, checkpoint and compile (train/goodput.py).
+  clock = goodput.Goodput()
   num_steps = int(tc.num_steps)
   every = lambda n, step: n and step % n == 0
-  last_save_time = time.time()
-  last_log_time, last_log_step = time.time(), start_step
+  last_save_time, last_log_step = time.time(), start_step
+  padding = _Padding()
+  profile = _profile_window(tc.get("profile_steps", ""))
   eval_result = None
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
@@ -337,32 +378,39 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   stop = False
   try:
     while step < num_steps and not stop and not early["stopped"]:
-      batch = next(train_iter)
-      meter.add(batch)
+      if profile and step == profile[0] and primary:
+        jax.profiler.start_trace(str(workdir / "profile"))
+      with clock.part("input"):
+        batch = next(data.train_iter)
+        meter.add(batch)
+        padding.add(batch)
       state, metrics = train_step(state, step_lib.place_batch(batch, mesh), train_key)
       pending.append(metrics)
       step += 1
       bar.update(1)
       stop = vote.vote(signals.received is not None)
+      if profile and step == profile[1] and primary:
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        _say(f"\n[train] profiled steps {profile[0] + 1}-{profile[1]}: {workdir / 'profile'} "
+             f"(open with TensorBoard's profile plugin or Perfetto)")
 
       if every(tc.log_every, step) or step == num_steps:
         check_finite(step)
-        host = jax.device_get(pending)
-        seconds = time.time() - last_log_time
-        line = _train_line(host, step - last_log_step, seconds)
-        line.update(meter.report(seconds))
+        host = jax.device_get(pending)   # waits for the interval's last step: its time is step time
+        split = clock.close_interval()
+        line = _train_line(host, step - last_log_step, split["step"])
+        line.update(meter.report(split["step"]), **padding.report(), **goodput.interval_metrics(split))
         writer.write(step, line)
         bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
                         tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
-        pending = []
-        last_log_time, last_log_step = time.time(), step
+        pending, last_log_step = [], step
 
       if every(tc.eval_every, step) or step == num_steps:
-        with_bleu = translates and bool(every(tc.bleu_every, step)) and step != num_steps
+        with_bleu = tasks.translates(config.data) and bool(every(tc.bleu_every, step)) and step != num_steps
         eval_result = evaluate(step, with_bleu=with_bleu)
-        last_log_time = time.time()   # keep eval time out of tokens/s
-        if patience:
-          _early_stop(early, eval_result["eval/loss"], patience, step)
+        if int(tc.get("early_stop_evals", 0)):
+          _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
 
       minutes = (time.time() - last_save_time) / 60
       if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"]
@@ -372,36 +420,62 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   finally:
     signals.restore()
   bar.close()
-  manager.wait_until_finished()
-  manager.close()
+  with clock.part("checkpoint"):
+    manager.wait_until_finished()
+    manager.close()
 
   if stop:
     received = signals.received or "a signal to another process"
     writer.close()
+    clock.close_interval()
+    _say(clock.summary())
     _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
          f"rerun the same command to resume")
-    return Outcome(str(workdir), step, interrupted=received, eval=eval_result)
-
-  # ------------------------------------------------------------------------------------------------
-  # The end: test-set sacreBLEU (final and averaged parameters) and a few sample translations.
-  # ------------------------------------------------------------------------------------------------
-  outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"])
+    return Outcome(str(workdir), step, interrupted=received, eval=eval_result, time=clock.total)
+  outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"], time=clock.total)
   if eval_result is None:   # a finished run rerun: report again
-    eval_result = outcome.eval = evaluate(step, with_bleu=False)
-  if tc.test_bleu and translates:
+    outcome.eval = evaluate(step, with_bleu=False)
+  with clock.part("eval"):
+    _report_test(config, workdir, model, state.params, data.vocab, writer, step, outcome)
+  writer.close()
+  clock.close_interval()
+  _say(clock.summary())
+  return outcome
+
+
+class _Padding:
+  """The share of a log interval's batch slots that hold padding, target and source side."""
+
+  def __init__(self):
+    self.slots, self.real = np.zeros(2), np.zeros(2)
+
+  def add(self, batch) -> None:
+    for i, key in enumerate(("tgt_segments", "src_segments")):
+      self.slots[i] += batch[key].size
+      self.real[i] += np.count_nonzero(batch[key])
+
+  def report(self) -> dict:
+    share = 1.0 - self.real / np.maximum(self.slots, 1)
+    self.slots, self.real = np.zeros(2), np.zeros(2)
+    return {"train/padding": float(share[0]), "train/src_padding": float(share[1])}
+
+
+def _report_test(config, workdir, model, params, vocab, writer, step, outcome: Outcome) -> None:
+  """The end: test-set sacreBLEU of the final parameters (and of the average of the last
+  config.train.average_last checkpoints, the paper's reported models) and a few sample translations."""
+  tc = config.train
+  scores = tc.test_bleu and tasks.translates(config.data)
+  test = None   # parameters -> test BLEU
+  if scores:
     test_pairs = load_pairs(config.data, "test")
     if tc.get("test_sentences", 0):
       test_pairs = test_pairs[:tc.test_sentences]
-    bleu, signature, hyps = _bleu(model, state.params, vocab, test_pairs, config.decode,
-                                  source_eos(config.data))
+    bleu_of = lambda params: _bleu(model, params, vocab, test_pairs, config.decode, source_eos(config.data))
+    bleu, signature, hyps = bleu_of(params)
     writer.write(step, {"test/bleu": bleu, "test/signature": signature})
     outcome.test_bleu, outcome.test_signature = bleu, signature
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
-  if average_last:   # the paper's reported models: the mean of the last average_last checkpoints
-    test = None   # parameters -> test BLEU
-    if tc.test_bleu and translates:
-      test = lambda params: _bleu(model, params, vocab, test_pairs, config.decode, source_eos(config.data))[0]
-    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(workdir, average_last, test,
-                                                                         writer, step)
-  writer.close()
-  return outcome
+    test = lambda params: bleu_of(params)[0]
+  if int(tc.get("average_last", 0)):
+    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(workdir, int(tc.average_last),
+                                                                         test, writer, step)

@@ -1,0 +1,88 @@
+"""Where a run's wall-clock goes: step compute, waiting for input, evaluation, checkpointing, compilation.
+
+    clock = Goodput()
+    with clock.part("input"):
+      batch = next(batches)
+    state, metrics = train_step(state, batch, key)      # not in a part: counted as step time
+    ...
+    split = clock.close_interval()   # {'step': s, 'input': s, 'eval': s, 'checkpoint': s, 'compile': s}
+
+Every second of an interval lands in exactly one part: `step` is what the measured parts leave of the
+interval's wall-clock, so the parts sum to it. Compilation is read from JAX's own compile events
+(jax.monitoring: tracing, lowering, XLA compilation, persistent-cache reads), wherever it happens (the
+first call of a step, the first evaluation), and taken out of the part it happened in. With asynchronous
+dispatch the host fetches the next batch while the device still computes the last step, so `input` is
+the host's time in the input pipeline: an upper bound on the device's wait for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import jax
+
+PARTS = ("step", "input", "eval", "checkpoint", "compile")
+_COMPILE_EVENTS = ("/jax/core/compile/", "/jax/compilation_cache/cache_retrieval")
+_compile_seconds = {"main": 0.0}   # compile seconds reported in this process's main thread so far
+_registered = []
+
+
+def _on_event(name: str, seconds: float, **kwargs) -> None:
+  if name.startswith(_COMPILE_EVENTS) and threading.current_thread() is threading.main_thread():
+    _compile_seconds["main"] += seconds
+
+
+def _compiled() -> float:
+  if not _registered:   # one listener per process, however many runs it trains
+    jax.monitoring.register_event_duration_secs_listener(_on_event)
+    _registered.append(True)
+  return _compile_seconds["main"]
+
+
+class Goodput:
+  """Accumulates PARTS per log interval (close_interval) and for the whole run (`total`)."""
+
+  def __init__(self):
+    self.total = dict.fromkeys(PARTS, 0.0)
+    self._interval = dict.fromkeys(PARTS, 0.0)
+    self._start = time.perf_counter()
+    self._compile_mark = _compiled()
+
+  @contextlib.contextmanager
+  def part(self, name: str):
+    """Counts the block's wall-clock as `name` (less any compilation inside it)."""
+    if name not in PARTS or name in ("step", "compile"):
+      raise ValueError(f"part {name!r}: one of {PARTS[1:-1]}")
+    start, compiled = time.perf_counter(), _compiled()
+    try:
+      yield
+    finally:
+      elapsed = time.perf_counter() - start
+      self._interval[name] += max(elapsed - min(_compiled() - compiled, elapsed), 0.0)
+
+  def close_interval(self) -> dict:
+    """The split of the wall-clock since the last call (or construction), in seconds; starts the next."""
+    now, compiled = time.perf_counter(), _compiled()
+    wall = now - self._start
+    split = dict(self._interval)
+    split["compile"] = min(compiled - self._compile_mark, wall)
+    split["step"] = max(wall - sum(split[k] for k in PARTS if k != "step"), 0.0)
+    for key in PARTS:
+      self.total[key] += split[key]
+    self._interval = dict.fromkeys(PARTS, 0.0)
+    self._start, self._compile_mark = now, compiled
+    return split
+
+  def summary(self) -> str:
+    """One line: the whole run's split, in seconds and shares of the wall-clock."""
+    wall = max(sum(self.total.values()), 1e-9)
+    parts = ", ".join(f"{k} {self.total[k]:.1f} s ({self.total[k] / wall:.0%})" for k in PARTS)
+    return f"[train] time: {wall:.1f} s = {parts}; goodput {self.total['step'] / wall:.0%}"
+
+
+def interval_metrics(split: dict) -> dict:
+  """A close_interval split as metrics.jsonl keys: time/<part>_s and time/wall_s."""
+  out = {f"time/{k}_s": v for k, v in split.items()}
+  out["time/wall_s"] = sum(split.values())
+  return out
