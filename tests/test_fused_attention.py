@@ -146,13 +146,24 @@ def test_unpacked_rows_reach_cudnn_as_lengths_and_a_causal_flag_not_a_dense_mask
   assert all(c["mask"] is not None and c["q_lengths"] is None for c in calls)
 
 
-def test_cudnn_with_lengths_equals_the_plain_attention_and_its_gradient_on_a_gpu():
+def test_cudnn_with_lengths_is_as_close_to_float32_as_xla_in_bfloat16_on_a_gpu():
+  """Forward and gradient of the unpacked path (lengths, causal flag) against the float32 plain
+  attention: no further from it than XLA's own bfloat16 attention is (bf16 rounding alone moves a
+  gradient by more than a fixed tolerance of its largest value), and equal to the dense-mask cuDNN."""
   if jax.default_backend() != "gpu":
     pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
-  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
-  got, real, got_grads = _logits(cfg, packed=False, grads=True)
-  want, _, want_grads = _logits(cfg.replace(attention_impl="xla"), grads=True)
-  np.testing.assert_allclose(got[real].astype(np.float32), want[real].astype(np.float32), atol=5e-2)
-  for a, b in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    np.testing.assert_allclose(a, b, atol=5e-2 * max(1.0, np.abs(b).max()))
+  cfg = TINY.replace(dtype="bfloat16")
+  want, real, want_grads = _logits(TINY.replace(attention_impl="xla"), grads=True)   # float32
+
+  def errors(cfg, packed):
+    got, _, grads = _logits(cfg, packed=packed, grads=True)
+    leaves = zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads))
+    grad = np.median([np.abs(np.asarray(a, np.float32) - b).max() / max(np.abs(b).max(), 1e-6) for a, b in leaves])
+    return np.abs(got[real].astype(np.float32) - want[real]).max(), grad, grads
+
+  xla_fwd, xla_grad, _ = errors(cfg.replace(attention_impl="xla"), packed=True)
+  fwd, grad, grads = errors(cfg.replace(attention_impl="cudnn"), packed=False)
+  _, _, dense_grads = errors(cfg.replace(attention_impl="cudnn"), packed=True)
+  assert fwd <= 1.5 * xla_fwd + 1e-3 and grad <= 1.5 * xla_grad + 1e-3, (fwd, xla_fwd, grad, xla_grad)
+  for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(dense_grads)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-2)

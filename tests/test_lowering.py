@@ -63,7 +63,7 @@ def _abstract_params(model: Transformer):
   return jax.eval_shape(lambda: model.init({"params": jax.random.key(0)}, ids, ids)["params"])
 
 
-def _train_step_texts(model, rows=8, length=256) -> dict:
+def _train_step_texts(model, rows=8, length=256, platforms=PLATFORMS, rng_impl="threefry2x32") -> dict:
   """{platform: the train step's StableHLO lowered for it}, for "cuda" and "tpu"."""
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
   schedule = lambda step: 1e-3
@@ -72,8 +72,45 @@ def _train_step_texts(model, rows=8, length=256) -> dict:
   # train_step as jit_train_step jits it, less the donation (which jax.export does not take)
   step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
                                    label_smoothing=0.1))
-  rng = jax.eval_shape(lambda: jax.random.key(0))
-  return {p: _lower(step, state, _abstract_batch(rows, length), rng, platforms=(p,)) for p in PLATFORMS}
+  rng = jax.eval_shape(lambda: jax.random.key(0, impl=rng_impl))
+  return {p: _lower(step, state, _abstract_batch(rows, length), rng, platforms=(p,)) for p in platforms}
+
+
+def _float32_vocab_arrays(text: str, vocab: int, tokens: int):
+  """(dot_general lines with a float32 operand that has the vocabulary's dimension, float32 array types
+  holding `tokens` x vocab elements or more) of a StableHLO text."""
+  dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line
+          and re.search(rf"tensor<(\d+x)*{vocab}(x\d+)*xf32>", line.split(" : ")[-1].split("->")[0])]
+  big = set()
+  for dims in re.findall(r"tensor<((?:\d+x)+)f32>", text):
+    shape = [int(d) for d in dims.rstrip("x").split("x")]
+    if vocab in shape and np.prod(shape) >= tokens * vocab:
+      big.add("x".join(map(str, shape)))
+  return dots, sorted(big)
+
+
+def _largest_threefry(text: str) -> int:
+  """Elements of the largest operand of any threefry2x32 call: the bulk of dropout's random bits, or
+  key arithmetic (an rbg key's fold_in and split are threefry on a few words)."""
+  sizes = [0]
+  for line in text.splitlines():
+    if re.search(r"call @threefry2x32\w*\(", line):
+      sizes += [int(np.prod([int(d) for d in dims.rstrip("x").split("x")]))
+                for dims in re.findall(r"tensor<((?:\d+x)+)ui32>", line.split(" : ")[-1])]
+  return max(sizes)
+
+
+def _ops(text: str):
+  """The operations of a StableHLO text with their types, as a multiset; without what
+  jax.lax.platform_dependent wraps its lowered branch in (a case on a constant index)."""
+  from collections import Counter
+  ops = Counter()
+  for line in text.splitlines():
+    line = re.sub(r"loc\([^)]*\)", "", line)
+    found = re.search(r"\b((?:stablehlo|chlo|mhlo)\.[a-z_]+|call @[\w.$]+|custom_call @[\w.$]+)", line)
+    if found and found.group(1) not in ("stablehlo.case", "stablehlo.return", "stablehlo.constant"):
+      ops[(found.group(1), line.split(" : ")[-1].strip() if " : " in line else "")] += 1
+  return ops
 
 
 # The default suite lowers a representative few (bfloat16 throughout, as on an accelerator); `-m slow`
@@ -89,9 +126,17 @@ def test_train_step_lowers_for_gpu_and_tpu_without_cpu_kernels(preset, remat, sc
   changes = dict(dtype="bfloat16")
   if "remat" in HAS:
     changes.update(remat=remat, scan_layers=scan)
-  texts = _train_step_texts(_model(preset, **changes))
-  for text in texts.values():
+  model = _model(preset, **changes)
+  texts = _train_step_texts(model)
+  for platform, text in texts.items():
     _assert_none_of_ours(text)
+    # The output layer reads bfloat16 and the loss is chunked: no float32 matmul of the vocabulary's
+    # size and no [tokens, vocab] float32 array, forward or backward (8 x 256 = 2,048 target tokens).
+    dots, arrays = _float32_vocab_arrays(text, model.cfg.vocab_size, tokens=8 * 256)
+    assert not dots, f"{platform}: float32 dot_generals over the vocabulary: {dots[:2]}"
+    assert not arrays, f"{platform}: [tokens, vocab] float32 arrays: {arrays}"
+    # dropout draws from the configured PRNG (threefry by default)
+    assert _largest_threefry(text) >= 8 * 256 and "rng_bit_generator" not in text
   # attention_impl="auto" chose splash attention where lowered for a TPU (lengths of 256: whole blocks).
   assert "tpu_custom_call" in _custom_calls(texts["tpu"])
   assert "tpu_custom_call" not in _custom_calls(texts["cuda"])
@@ -133,3 +178,28 @@ def test_the_same_search_lowered_for_this_cpu_carries_the_cpu_kernels():
   text = _search_text(cfg, 4, platforms=("cpu",), allow=OURS)
   assert {"aiayn_slot_attention", "aiayn_masked_attention", "aiayn_panel_matmul",
           "aiayn_beam_extensions"} <= _custom_calls(text)
+
+
+def test_auto_lowered_for_a_gpu_or_tpu_is_the_step_a_gpu_or_tpu_host_traces():
+  """kernels="auto" is resolved where the program is lowered (jax.lax.platform_dependent), not by this
+  CPU host: exported for cuda (or tpu), the auto step carries exactly the operations of the step traced
+  with kernels="reference", and none of the CPU path's; exported for the CPU, it carries the CPU path's."""
+  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
+               dtype="bfloat16")
+  auto = _train_step_texts(_model("base", **small), rows=4, length=128, platforms=("cuda", "tpu", "cpu"))
+  reference = _train_step_texts(Transformer(config_lib.base(kernels="reference", **small)), rows=4, length=128,
+                                platforms=("cuda", "tpu"))
+  cpu = _train_step_texts(Transformer(config_lib.base(kernels="cpu", **small)), rows=4, length=128,
+                          platforms=("cpu",))
+  for platform in ("cuda", "tpu"):
+    assert _ops(auto[platform]) == _ops(reference[platform]), platform
+  assert _ops(auto["cpu"]) == _ops(cpu["cpu"])
+  assert _ops(auto["cpu"]) != _ops(auto["cuda"])   # the check can fail: the two paths differ
+
+
+def test_dropout_draws_from_the_configured_prng():
+  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
+               dtype="bfloat16")
+  texts = _train_step_texts(_model("base", **small), rows=4, length=128, rng_impl="rbg")
+  for text in texts.values():   # the bits from rng_bit_generator; threefry only on the key's few words
+    assert "rng_bit_generator" in text and _largest_threefry(text) <= 4
