@@ -9,7 +9,7 @@
 
 Every second of an interval lands in exactly one part: `step` is what the measured parts leave of the
 interval's wall-clock, so the parts sum to it. Compilation is read from JAX's own compile events
-(jax.monitoring: tracing, lowering, XLA compilation, persistent-cache reads), wherever it happens (the
+(jax.monitoring: tracing, lowering, XLA compilation or a persistent-cache read), wherever it happens (the
 first call of a step, the first evaluation), and taken out of the part it happened in. With asynchronous
 dispatch the host fetches the next batch while the device still computes the last step, so `input` is
 the host's time in the input pipeline: an upper bound on the device's wait for it.
@@ -23,7 +23,9 @@ import time
 import jax
 
 PARTS = ("step", "input", "eval", "checkpoint", "compile")
-_COMPILE_EVENTS = ("/jax/core/compile/", "/jax/compilation_cache/cache_retrieval")
+# tracing, lowering, XLA compilation (which includes a persistent-cache read where one hits)
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
 _compile_seconds = {"main": 0.0}   # compile seconds reported in this process's main thread so far
 _registered = []
 

@@ -1,0 +1,70 @@
+"""Where a run's time goes (train/goodput.py), and the trainer's switches for accelerators: the dropout
+PRNG (config.train.rng_impl), a profiler window (config.train.profile_steps), the padding share."""
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from run import metrics as metrics_io
+from run.user_errors import UserError
+from test_train import comparable, smoke_config
+from train import goodput
+from train.train import train_and_evaluate
+
+
+def test_every_second_lands_in_one_part_and_compilation_is_taken_out_of_its_part():
+  clock = goodput.Goodput()
+  start = time.perf_counter()
+  with clock.part("input"):
+    time.sleep(0.05)
+  time.sleep(0.10)                                   # outside every part: step time
+  with clock.part("eval"):
+    time.sleep(0.05)
+    fresh = jax.jit(lambda x: jnp.tanh(x) * 3.0 + x.sum())   # a program compiled inside the eval
+    fresh(jnp.arange(float(np.random.default_rng().integers(5, 10_000)))).block_until_ready()
+  with clock.part("checkpoint"):
+    time.sleep(0.02)
+  split = clock.close_interval()
+  wall = time.perf_counter() - start
+  assert abs(sum(split.values()) - wall) <= 0.05 * wall, (split, wall)
+  assert split["compile"] > 0
+  assert 0.05 <= split["input"] < 0.09 and 0.05 <= split["eval"] < 0.05 + split["compile"] + 0.04
+  assert 0.02 <= split["checkpoint"] < 0.06 and 0.10 <= split["step"] < 0.15
+  assert clock.close_interval()["input"] == 0.0 and clock.total["input"] == split["input"]
+  with pytest.raises(ValueError, match="part 'step'"):
+    with clock.part("step"):
+      pass
+
+
+def test_the_log_lines_split_their_time_and_count_throughput_over_step_time(tmp_path):
+  config = smoke_config(**{"train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2})
+  start = time.perf_counter()
+  outcome = train_and_evaluate(config, tmp_path)
+  wall = time.perf_counter() - start
+  lines = [line for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
+  for line in lines:
+    parts = [line[f"time/{p}_s"] for p in goodput.PARTS]
+    assert line["time/wall_s"] == pytest.approx(sum(parts))
+    assert line["train/tokens_per_sec"] == pytest.approx(line["train/tokens"] / line["time/step_s"], rel=1e-6)
+    assert 0.0 <= line["train/padding"] < 1.0 and 0.0 <= line["train/src_padding"] < 1.0
+  assert lines[0]["time/compile_s"] > 0           # the first interval compiled the step
+  assert sum(outcome.time.values()) <= wall and outcome.time["eval"] > 0 and outcome.time["checkpoint"] > 0
+
+
+def test_rbg_dropout_is_deterministic_and_a_resume_cannot_switch_the_prng(tmp_path):
+  overrides = {"train.num_steps": 2, "train.log_every": 1, "train.rng_impl": "rbg",
+               "train.profile_steps": "0-1"}
+  train_and_evaluate(smoke_config(**overrides), tmp_path / "a")
+  train_and_evaluate(smoke_config(**overrides), tmp_path / "b")
+  a, b = (comparable(metrics_io.read_metrics(tmp_path / d)) for d in "ab")
+  assert a == b
+  assert list((tmp_path / "a" / "profile").rglob("*.xplane.pb")), "profile_steps wrote no trace"
+  with pytest.raises(UserError, match="rng_impl='threefry'.*'rbg' dropout key"):
+    train_and_evaluate(smoke_config(**{**overrides, "train.num_steps": 4, "train.rng_impl": "threefry"}),
+                       tmp_path / "a")
+  with pytest.raises(UserError, match="rng_impl='philox' is not one of"):
+    train_and_evaluate(smoke_config(**{**overrides, "train.rng_impl": "philox"}), tmp_path / "c")
+  with pytest.raises(UserError, match="profile_steps='5'"):
+    train_and_evaluate(smoke_config(**{**overrides, "train.profile_steps": "5"}), tmp_path / "d")
