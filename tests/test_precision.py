@@ -161,3 +161,21 @@ def test_bfloat16_matmuls_stay_bfloat16_on_the_cpu(case):
   f = jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(weights * dot(a, b, dims)), argnums=(0, 1)))
   found = _dot_operand_types(f.lower(lhs, rhs).compile().as_text())
   assert len(found) == 3 and all(t == ("bf16", "bf16") for t in found), found
+
+
+@pytest.mark.slow
+def test_bfloat16_and_float32_smoke_training_curves_agree(tmp_path):
+  """The default experiment's smoke model trained 30 steps in float32 and in bfloat16 (the accelerator
+  configs' dtype, here on the CPU): the two loss curves stay within 3% of each other."""
+  from run import metrics as metrics_io
+  from test_train import smoke_config
+  from train.train import train_and_evaluate
+  curves = {}
+  for dtype in ("float32", "bfloat16"):
+    config = smoke_config(**{"train.num_steps": 30, "train.log_every": 5, "model.dtype": dtype,
+                             "train.learning_rate": 5e-3})
+    train_and_evaluate(config, tmp_path / dtype)
+    curves[dtype] = np.array([l["train/loss"] for l in metrics_io.read_metrics(tmp_path / dtype)
+                              if "train/loss" in l])
+  assert len(curves["float32"]) == 6 and curves["float32"][-1] < 0.9 * curves["float32"][0]
+  np.testing.assert_allclose(curves["bfloat16"], curves["float32"], rtol=0.03)

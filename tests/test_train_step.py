@@ -331,3 +331,28 @@ def test_data_parallel_fused_loss_gathers_nothing():
   hlo = step.lower(state, step_lib.place_batch(toy_batch(), mesh), jax.random.key(7)).compile().as_text()
   assert "all-reduce" in hlo
   assert "all-gather" not in hlo
+
+
+def test_bfloat16_chunked_loss_equals_the_float32_full_logits_loss_within_bfloat16_rounding():
+  """The accelerator configs' output layer: bfloat16 decoder outputs and table (dtype bfloat16),
+  float32 accumulation, log-softmax and loss, in chunks; against today's float32 full-logits loss."""
+  rng = np.random.default_rng(7)
+  y = jnp.asarray(rng.standard_normal((4, 32, 32)), jnp.float32)
+  table = jnp.asarray(rng.standard_normal((VOCAB, 32)) * 0.3, jnp.float32)
+  targets = jnp.asarray(rng.integers(0, VOCAB, (4, 32)), jnp.int32)
+  weights = jnp.asarray(rng.random((4, 32)) < 0.7, jnp.float32)
+
+  def full(y, table):
+    logits = jnp.einsum("btd,vd->btv", y, table)
+    return loss_lib.smoothed_cross_entropy(logits, targets, weights, 0.1)
+
+  def chunked(y, table):
+    return loss_lib.fused_output_losses(y.astype(jnp.bfloat16), table.astype(jnp.bfloat16), targets, weights,
+                                        0.1, 16)[0]
+
+  value_and_grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(y, table)
+  (got, got_grads), (want, want_grads) = value_and_grad(chunked), value_and_grad(full)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-2)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=3e-2 * float(jnp.max(jnp.abs(w))))
