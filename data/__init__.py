@@ -48,7 +48,8 @@ def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index
   return BatchIterator(max_len=int(data_config.max_len), batch_tokens=int(data_config.batch_tokens),
                        row_multiple=row_multiple, seed=seed, pack=bool(data_config.pack),
                        process_index=process_index, process_count=process_count, sequences=sequences,
-                       finish=tasks.finish_fn(data_config, vocab.size))
+                       finish=tasks.finish_fn(data_config, vocab.size),
+                       fine_buckets=bool(data_config.get("fine_buckets", False)))
 
 
 def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=0, process_count=1):
@@ -64,10 +65,11 @@ def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=
   max_len = max(int(data_config.max_len), -(-longest // 8) * 8)
   if row_multiple % process_count:
     raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
-  plan, out = plan_buckets(src_len, tgt_len, max_len, int(data_config.batch_tokens), rng=None), []
+  fine = bool(data_config.get("fine_buckets", False))
+  plan, out = plan_buckets(src_len, tgt_len, max_len, int(data_config.batch_tokens), rng=None, fine=fine), []
   for b in range(len(plan)):
     length, members, row_bounds = plan.batch(b)
-    rows = bucket_rows(length, max_len, int(data_config.batch_tokens), row_multiple)   # fixed shapes
+    rows = bucket_rows(length, max_len, int(data_config.batch_tokens), row_multiple, fine)   # fixed shapes
     local = rows // process_count
     batch = assemble(get, length, members, row_bounds, local, process_index * local)
     if finish is not None:

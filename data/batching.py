@@ -33,8 +33,11 @@ OPTIONAL_BATCH_KEYS = ("tgt_weights",)
 _SHOW = 5   # how many too-long pairs a warning names
 
 
-def bucket_lengths(max_len: int) -> list[int]:
-  """8, 12, 16, 24, 32, 48, 64, ... up to max_len (always included)."""
+def bucket_lengths(max_len: int, fine: bool = False) -> list[int]:
+  """8, 12, 16, 24, 32, 48, 64, ... up to max_len (always included); fine (config.data.fine_buckets):
+  every multiple of 8 up to 128, of 16 above (less padding, about twice as many batch shapes)."""
+  if fine:
+    return [n for n in (*range(8, 129, 8), *range(144, max_len, 16)) if n < max_len] + [max_len]
   out, length = [], 8
   while length < max_len:
     out += [n for n in (length, length * 3 // 2) if n < max_len]
@@ -105,14 +108,14 @@ def rows_for(length: int, batch_tokens: int, row_multiple: int) -> int:
   return max(row_multiple, (batch_tokens // length) // row_multiple * row_multiple)
 
 
-def _shortest_in_bucket(length: int, max_len: int) -> int:
+def _shortest_in_bucket(length: int, max_len: int, fine: bool = False) -> int:
   """The fewest tokens (the longer side of a pair) that a pair of the bucket `length` can need."""
-  lengths = bucket_lengths(max_len)
+  lengths = bucket_lengths(max_len, fine)
   b = lengths.index(length)
   return lengths[b - 1] + 1 if b else max(1, length // 2)
 
 
-def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int = 1) -> int:
+def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int = 1, fine: bool = False) -> int:
   """Rows of a bucketed batch of padded length `length`, a multiple of row_multiple.
 
   A bucket's batch holds up to batch_tokens real source and batch_tokens real target tokens (see
@@ -120,7 +123,7 @@ def bucket_rows(length: int, max_len: int, batch_tokens: int, row_multiple: int 
   pairs do not fill are padding (no loss weight). Pairs of the first bucket shorter than half its length
   stop at this row cap before they reach the budget.
   """
-  pairs = max(1, batch_tokens // _shortest_in_bucket(length, max_len))
+  pairs = max(1, batch_tokens // _shortest_in_bucket(length, max_len, fine))
   return -(-pairs // row_multiple) * row_multiple
 
 
@@ -187,7 +190,7 @@ class Plan:
     return int(self.lengths[b]), self.members[int(rows[0]):int(rows[-1])], rows - rows[0]
 
 
-def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan:
+def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng, fine: bool = False) -> Plan:
   """One epoch of bucketed batches from the pairs' lengths (tgt without EOS; every pair fits max_len).
 
   Each batch takes pairs of one length bucket until the next pair would bring its real source tokens or
@@ -195,7 +198,7 @@ def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan
   tokens and 25000 target tokens" and fairseq's --max-tokens count them, or until the bucket's row cap
   (bucket_rows). Padding is not counted. Which pairs form a batch does not depend on row_multiple.
   """
-  lengths = bucket_lengths(max_len)
+  lengths = bucket_lengths(max_len, fine)
   table = np.searchsorted(lengths, np.arange(max_len + 1)).astype(np.uint8)   # longer side -> its bucket
   which = np.empty(len(src_len), np.uint8)                         # [pairs] the smallest bucket that fits
   for start in range(0, len(src_len), 1 << 20):
@@ -206,7 +209,8 @@ def plan_buckets(src_len, tgt_len, max_len: int, batch_tokens: int, rng) -> Plan
     bucket = _nonzero(which == b)
     if rng is not None:
       rng.shuffle(bucket)
-    cuts = packing_cuts(src_len, tgt_len, batch_tokens, bucket_rows(length, max_len, batch_tokens), order=bucket)
+    cap = bucket_rows(length, max_len, batch_tokens, fine=fine)
+    cuts = packing_cuts(src_len, tgt_len, batch_tokens, cap, order=bucket)
     members.append(bucket)
     first.append(start + cuts[:-1])
     last.append(start + cuts[1:])
@@ -286,7 +290,7 @@ class BatchIterator:
   """
 
   def __init__(self, src_ids=None, tgt_ids=None, *, max_len, batch_tokens, row_multiple, seed, pack=False,
-               process_index=0, process_count=1, sequences=None, finish=None):
+               process_index=0, process_count=1, sequences=None, finish=None, fine_buckets=False):
     if row_multiple % process_count:
       raise ValueError(f"row_multiple={row_multiple} must be a multiple of process_count={process_count}")
     if sequences is None:
@@ -296,6 +300,7 @@ class BatchIterator:
     self.src_len, self.tgt_len, self.sequences = sequences
     self.finish = finish
     self.max_len, self.batch_tokens, self.seed, self.pack = max_len, batch_tokens, seed, pack
+    self.fine_buckets = fine_buckets
     self.row_multiple = row_multiple
     self.process_index, self.process_count = process_index, process_count
     self.epoch, self.index = 0, 0
@@ -305,8 +310,11 @@ class BatchIterator:
     if self._plan_epoch != self.epoch:
       self._plan = None   # the last epoch's arrays go before the next epoch's are made
       rng = np.random.default_rng([self.seed, self.epoch])
-      plan_fn = plan_packed if self.pack else plan_buckets
-      self._plan = plan_fn(self.src_len, self.tgt_len, self.max_len, self.batch_tokens, rng)
+      if self.pack:
+        self._plan = plan_packed(self.src_len, self.tgt_len, self.max_len, self.batch_tokens, rng)
+      else:
+        self._plan = plan_buckets(self.src_len, self.tgt_len, self.max_len, self.batch_tokens, rng,
+                                  self.fine_buckets)
       self._plan_epoch = self.epoch
     return self._plan
 
@@ -334,7 +342,7 @@ class BatchIterator:
     if self.pack:
       rows = rows_for(length, self.batch_tokens, 1)
     else:
-      rows = bucket_rows(length, self.max_len, self.batch_tokens)
+      rows = bucket_rows(length, self.max_len, self.batch_tokens, fine=self.fine_buckets)
     return -(-rows // self.row_multiple) * self.row_multiple
 
   def get_state(self) -> dict:

@@ -65,6 +65,7 @@ def get_config(arg=None):
       source_eos=False,            # end sources with EOS (the WMT and small-corpus experiments do)
       batch_tokens=2048,           # real source and target tokens per batch, each (packed: rows x max_len)
       pack=True,                   # several pairs per row: one batch shape, one compile, little padding
+      fine_buckets=False,          # not packed: buckets every 8 (16 past 128) positions instead of x1.5
   ))
 
   # Training (owned by train/).

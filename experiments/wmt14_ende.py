@@ -79,6 +79,7 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
       batch_tokens=25_000,                 # the paper: ~25k real source and ~25k real target tokens a step
       source_eos=True,                     # sources end with EOS (tensor2tensor, fairseq)
       pack=False,                          # the paper groups by length; it does not pack
+      fine_buckets=True,                   # 21% of target slots padding instead of 29% (docs/accelerators.md)
   )
 
   config.train.update(
