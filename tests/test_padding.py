@@ -8,7 +8,7 @@ from data import batching
 
 
 def test_fine_buckets_pad_less_and_keep_every_pair_within_the_budget():
-  src, tgt = wmt_shaped_lengths(40_000, 256)
+  src, tgt = wmt_shaped_lengths(200_000, 256)
   shares = {}
   for fine in (False, True):
     plan = batching.plan_buckets(src, tgt, 256, 25_000, np.random.default_rng(0), fine=fine)
