@@ -178,6 +178,25 @@ def fit_fixed_cost(points: list) -> dict:
   return {"fixed_ms": float(intercept * 1e3), "ms_per_1k_tokens": float(slope * 1e6), "points": len(points)}
 
 
+def render(result: dict) -> str:
+  """The markdown table docs/accelerators.md quotes, from a results file of this check."""
+  device = f"{result['devices']['count']} x {result['devices']['kind']}, jax {result['jax']}, {result['date']}"
+  rows = ["| measured | step | tokens/s | MFU |", "|---|---|---|---|"]
+  cell = lambda t: (f"{t['step_s'] * 1e3:.1f} ms | {t['tokens_per_s']:,.0f} | "
+                    + (f"{t['mfu']:.1%}" if t.get("mfu") is not None else "?"))
+  for name, points in result.get("sweep", {}).items():
+    for k, t in points.items():
+      rows.append(f"| {name}, {k} tokens | " + (cell(t) if "step_s" in t else f"failed: {t['error'][:60]} | | ") + " |")
+    good = [(t["tokens"], t["step_s"]) for t in points.values() if "step_s" in t]
+    if len(good) >= 2:   # the same fit as the check's, also for a check cut short before it
+      fit = fit_fixed_cost(good)
+      rows.append(f"| {name}: fixed cost (line through {fit['points']} points) | {fit['fixed_ms']:.2f} ms "
+                  f"| {fit['ms_per_1k_tokens']:.3f} ms per 1k tokens | |")
+  for label, t in result.get("variants", {}).items():
+    rows.append(f"| base variant: {label} ({t['kernels']} kernels) | {cell(t)} |")
+  return f"{device}; {result['seq_len']} positions a row, one sentence a row, bfloat16:\n\n" + "\n".join(rows)
+
+
 def _line(name: str, timing: dict) -> str:
   mfu = f"{timing['mfu']:.1%}" if timing["mfu"] is not None else "?"
   return (f"{name}: {timing['tokens']:,} tokens, step {timing['step_s'] * 1e3:.1f} ms, "

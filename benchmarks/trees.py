@@ -28,6 +28,15 @@ from benchmarks import harness
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "trees.json"
 
 
+def _speed(line: dict) -> float:
+  """Target tokens per second of wall-clock in a log line, the same measure for trees before and after
+  the time split (train/goodput.py): with the split, the interval's wall-clock less evaluation and
+  checkpointing (its tokens/s counts step time alone); without it, train/tokens_per_sec, which was that."""
+  if "time/wall_s" not in line:
+    return line["train/tokens_per_sec"]
+  return line["train/tokens"] / (line["time/wall_s"] - line["time/eval_s"] - line["time/checkpoint_s"])
+
+
 def run_once(tree: pathlib.Path, workdir: pathlib.Path, steps: int, log_every: int, extra: list[str]) -> float:
   """Trains `steps` steps in `tree`; returns the median target tokens/s of its log intervals after the first."""
   flags = [f"--config.train.num_steps={steps}", f"--config.train.log_every={log_every}",
@@ -41,7 +50,7 @@ def run_once(tree: pathlib.Path, workdir: pathlib.Path, steps: int, log_every: i
   if done.returncode:
     raise RuntimeError(f"{' '.join(cmd)} in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
   lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l.strip()]
-  speeds = [l["train/tokens_per_sec"] for l in lines if "train/tokens_per_sec" in l][1:]
+  speeds = [_speed(l) for l in lines if "train/tokens_per_sec" in l][1:]
   if not speeds:
     raise RuntimeError(f"{workdir}/metrics.jsonl: no log interval after the first; raise --steps")
   return statistics.median(speeds)

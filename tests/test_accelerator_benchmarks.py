@@ -63,3 +63,17 @@ def test_a_check_cut_short_keeps_what_it_measured(tmp_path, monkeypatch):
   monkeypatch.setattr(accelerator, "run", lambda *args, save: {"backend": "gpu", "models": {}})
   accelerator.main(["--out", str(out)])
   assert json.loads(out.read_text())["complete"] is True
+
+
+def test_docs_quote_the_accelerator_checks():
+  """docs/accelerators.md holds the table `render` makes of every committed device check."""
+  page = DOCS.read_text()
+  files = sorted(accelerator.RESULTS.glob("*-check*.json"))
+  assert files, "no device check results"
+  for path in files:
+    assert accelerator.render(json.loads(path.read_text())) in page, f"{path.name}: docs are stale"
+
+
+def test_the_fixed_cost_is_the_intercept_of_the_sweep():
+  fit = accelerator.fit_fixed_cost([(8000, 0.013), (16000, 0.021), (32000, 0.037)])
+  assert fit["fixed_ms"] == pytest.approx(5.0) and fit["ms_per_1k_tokens"] == pytest.approx(1.0)
