@@ -100,8 +100,13 @@ def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
   `ctranslate2.Translator(out_dir)` loads it; it takes SentencePiece pieces as tokens, and appends EOS
   to them itself where the run was trained with source_eos.
   """
-  spec = ctranslate2_spec(params, cfg, vocab, pieces_of(spm_path, vocab), source_eos=source_eos)
+  pair = getattr(vocab, "spm_bytes", None)   # a PairVocab (data/vocab.py): its two models and id table
+  pieces = list(vocab.pieces) if pair else pieces_of(spm_path, vocab)
+  spec = ctranslate2_spec(params, cfg, vocab, pieces, source_eos=source_eos)
   out = save_ctranslate2(spec, out_dir, quantization)
-  for name in ("source.spm", "target.spm"):
-    shutil.copyfile(spm_path, out / name)
+  for side in ("source", "target"):
+    if pair:
+      (out / f"{side}.spm").write_bytes(pair[side])
+    else:
+      shutil.copyfile(spm_path, out / f"{side}.spm")
   return out
