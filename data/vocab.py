@@ -125,15 +125,17 @@ class PairVocab:
     return [[self._ids.get(piece, UNK) for piece in pieces] for pieces in cut]
 
   def decode(self, ids) -> str:
-    """Target ids -> text with target.spm; stops at the first eos and drops pad and bos."""
+    """Target ids -> text with target.spm; stops at the first eos and drops pad, bos and unk, as
+    MarianTokenizer's batch_decode(skip_special_tokens=True) does; a piece target.spm does not know
+    (the table is joint) keeps its text, its word boundary marks turned into spaces."""
     out = []
     for i in ids:
       i = int(i)
       if i == EOS:
         break
-      if i not in (PAD, BOS):
+      if i not in (PAD, BOS, UNK):
         out.append(self.pieces[i])
-    return self._sp["target"].decode_pieces(out)
+    return self._sp["target"].decode_pieces(out).replace("\u2581", " ").strip()
 
 
 def open_vocab(model_bytes: bytes, path: str = "<memory>") -> Vocab | PairVocab:
