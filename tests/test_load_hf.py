@@ -72,7 +72,7 @@ def write_tokenizer(out: pathlib.Path):
   return len(pieces)
 
 
-def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, **overrides):
+def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, eos_bias=3.0, **overrides):
   """A random-weight Hugging Face model directory (model + tokenizer). LayerNorms and biases are
   perturbed (init leaves them 1 and 0); the logits bias is random, pad's far below (OPUS-MT never
   predicts pad) and eos's raised so that translations end."""
@@ -99,7 +99,7 @@ def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, **overrides):
       if "layer_norm" in name or name.endswith(".bias"):
         p.add_(0.1 * torch.randn_like(p))
     bias = 0.5 * torch.randn(1, vocab_size)
-    bias[0, pad], bias[0, 0] = -100.0, 3.0
+    bias[0, pad], bias[0, 0] = -100.0, eos_bias
     model.final_logits_bias.copy_(bias)
   model.generation_config.bad_words_ids = [[pad]]
   model.save_pretrained(out)
@@ -184,6 +184,7 @@ def _hf_generate(hf_dir, sentences, num_beams, length_penalty=1.0):
   return out
 
 
+@pytest.mark.slow   # a decode process: 15-30 s on two shared cores
 def test_greedy_through_python_m_decode_equals_hf_generate(imported, tmp_path):
   hf_dir, workdir = imported
   sentences = source_sentences(8, N_SENTENCES)
@@ -285,3 +286,57 @@ def test_the_command_line_refuses_a_missing_tokenizer_file_in_one_line(tmp_path)
                           capture_output=True, text=True)
   assert result.returncode == 2
   assert result.stderr.strip().count("\n") == 0 and "source.spm is missing" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+def _write_corpus(path, seed, n):
+  sentences = source_sentences(seed, n)
+  path.write_text("".join(f"{s}\t{target_of(s)}\n" for s in sentences))
+  return str(path)
+
+
+@pytest.mark.slow   # trains 50 steps and exports: about a minute on two shared cores
+def test_import_fine_tune_50_steps_export_round_trip(tmp_path):
+  """Import, fine-tune 50 steps with experiments/finetune.py, export to HF: the export holds our
+  weights and translates as our decode does; the fine-tuned parameters moved from the imported ones."""
+  from experiments import apply_overrides, load_experiment
+  import export
+  from train.train import train_and_evaluate
+  hf_dir = build_hf(tmp_path / "hf", tied=False, eos_bias=0.0)
+  pretrained = load_hf.import_hf(hf_dir, tmp_path / "pretrained")
+  config = load_experiment(f"{ROOT / 'experiments' / 'finetune.py'}:{pretrained}")
+  apply_overrides(config, {
+      "data.train_path": _write_corpus(tmp_path / "train.tsv", 11, 300),
+      "data.dev_path": _write_corpus(tmp_path / "dev.tsv", 12, 20),
+      "data.test_path": _write_corpus(tmp_path / "test.tsv", 13, 20),
+      "train.num_steps": 50, "train.warmup_steps": 5, "train.learning_rate": 1e-3, "train.eval_every": 25,
+      "train.checkpoint_every_steps": 50, "train.test_bleu": False, "train.progress": False,
+      "train.tensorboard": False, "data.batch_tokens": 512, "data.max_len": 32})
+  outcome = train_and_evaluate(config, tmp_path / "ft")
+  assert outcome.step == 50
+  before, after = run.load_run(pretrained), run.load_run(tmp_path / "ft")
+  assert after.vocab.fingerprint == before.vocab.fingerprint
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
+           zip(jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(before.params))]
+  assert min(moved) > 0.0
+
+  out = export.export_run(tmp_path / "ft", "hf", tmp_path / "exported")
+  exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+  from export.hf import hf_state
+  ours = hf_state(after.params, after.model_config)
+  theirs = exported.state_dict()
+  for name, tensor in ours.items():
+    if name in theirs and "embed_positions" not in name:
+      assert torch.equal(theirs[name], tensor), name
+  sentences = source_sentences(14, 30)
+  tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+  batch = tokenizer(sentences, return_tensors="pt", padding=True)
+  with torch.no_grad():
+    ids = exported.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=60)
+  hf_text = tokenizer.batch_decode(ids, skip_special_tokens=True)
+  our_text = translate(after.model, after.params, after.vocab, sentences, beam_size=1, max_extra_len=50,
+                       source_eos=True)
+  agree = np.mean([a == b for a, b in zip(our_text, hf_text)])
+  print(f"round trip: {agree:.0%} of {len(sentences)} greedy translations agree; e.g. {our_text[0]!r}")
+  assert sum(len(t) > 0 for t in hf_text) > 20
+  assert agree == 1.0, (our_text[:3], hf_text[:3])
