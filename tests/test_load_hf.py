@@ -225,6 +225,10 @@ def test_pair_vocab_round_trips_through_its_bundle(imported):
   assert vocab.decode(vocab.encode(text, "target") + [EOS, 5, 6]) == text
   # The two sides cut differently: the source model has never seen the target's words.
   assert vocab.encode(text, "source") != vocab.encode(text, "target")
+  # Batching (dev and test sets) and the token cache cut targets with target.spm.
+  from data.batching import tokenize
+  src, tgt, _ = tokenize(vocab, [("the big dog", text)], source_eos=True)
+  assert src[0].tolist() == vocab.encode("the big dog") + [EOS] and tgt[0].tolist() == vocab.encode(text, "target")
 
 
 # ---------------------------------------------------------------------------------------------------
