@@ -133,3 +133,16 @@ def test_the_same_search_lowered_for_this_cpu_carries_the_cpu_kernels():
   text = _search_text(cfg, 4, platforms=("cpu",), allow=OURS)
   assert {"aiayn_slot_attention", "aiayn_masked_attention", "aiayn_panel_matmul",
           "aiayn_beam_extensions"} <= _custom_calls(text)
+
+
+def test_an_imported_marian_models_switches_lower_for_gpu_and_tpu():
+  """What export/load_hf.py sets (swish, the logits bias, untied tables, epsilon 1e-5): the train step
+  and beam search lower for both, and the search reads the logits bias."""
+  cfg = config_lib.TransformerConfig(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1,
+                                     num_decoder_layers=1, activation="swish", logits_bias=True,
+                                     share_embeddings=False, layer_norm_epsilon=1e-5)
+  for text in _train_step_texts(Transformer(cfg.replace(dtype="bfloat16")), rows=4, length=128).values():
+    _assert_none_of_ours(text)
+  text = _search_text(cfg, 4, ())
+  _assert_none_of_ours(text)
+  assert "final_logits_bias" in text   # the search reads the bias (locations name the parameters)
