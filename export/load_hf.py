@@ -212,17 +212,19 @@ def import_weights(w: dict, settings: dict, order: list[int]) -> tuple[dict, Tra
 # ----------------------------------------------------------------------------------------------------
 # The run directory.
 # ----------------------------------------------------------------------------------------------------
-def run_config(settings: dict, cfg: TransformerConfig, hf: dict) -> ml_collections.ConfigDict:
-  """The run's config.json: the imported model, sources ending in eos (MarianTokenizer appends </s>),
-  max_len the model's, decoding with the generation config's beam. The data and train sections say
-  only what decoding reads; experiments/finetune.py makes a fine-tuning run's whole config from them."""
+def run_config(settings: dict, cfg: TransformerConfig, hf: dict, source_eos: bool = True
+               ) -> ml_collections.ConfigDict:
+  """The run's config.json: the imported model, sources ending in eos (MarianTokenizer appends </s>;
+  a directory we exported says in aiayn_export.json whether its run did), max_len the model's, decoding
+  with the generation config's beam. The data and train sections say only what decoding reads;
+  experiments/finetune.py makes a fine-tuning run's whole config from them."""
   model = dict(settings, positions=cfg.positions, kernels="auto")
   decoding = dict(DEFAULTS)
   if hf.get("num_beams"):
     decoding["beam_size"] = int(hf["num_beams"])
   return ml_collections.ConfigDict(dict(
       seed=0, workdir="", model=model, decode=decoding,
-      data=dict(source="files", source_eos=True, max_len=cfg.max_len, vocab_size=cfg.vocab_size),
+      data=dict(source="files", source_eos=bool(source_eos), max_len=cfg.max_len, vocab_size=cfg.vocab_size),
       train=dict(num_steps=0, imported_from=CLASSES[hf["model_type"]])))
 
 
@@ -241,7 +243,9 @@ def import_hf(model_dir, workdir) -> pathlib.Path:
   make_run_dir(workdir)
   vocab = PairVocab(vocab_bytes, workdir / VOCAB_FILE)
   write_atomically(workdir / VOCAB_FILE, vocab_bytes)
-  save_config(run_config(settings, cfg, hf), workdir)
+  ours = model_dir / "aiayn_export.json"   # written by python -m export
+  source_eos = json.loads(ours.read_text()).get("source_eos", True) if ours.exists() else True
+  save_config(run_config(settings, cfg, hf, source_eos), workdir)
   write_versions(workdir)
   manager = ckpt.make_manager(workdir, async_save=False)
   ckpt.save(manager, 0, params, None, {"step": 0, "vocab_fingerprint": vocab.fingerprint,
