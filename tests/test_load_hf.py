@@ -344,3 +344,17 @@ def test_import_fine_tune_50_steps_export_round_trip(tmp_path):
   print(f"round trip: {agree:.0%} of {len(sentences)} greedy translations agree; e.g. {our_text[0]!r}")
   assert sum(len(t) > 0 for t in hf_text) > 20
   assert agree == 1.0, (our_text[:3], hf_text[:3])
+
+
+def test_an_export_of_an_import_imports_to_the_same_run(imported, tmp_path):
+  """import -> python -m export -> import: the same parameters bit for bit and the same vocabulary
+  (our export writes our ids, bos the decoder's start, so the second import keeps them)."""
+  import export
+  _, workdir = imported
+  out = export.export_run(workdir, "hf", tmp_path / "exported")
+  again = load_hf.import_hf(out, tmp_path / "again")
+  first, second = run.load_run(workdir), run.load_run(again)
+  assert second.vocab.fingerprint == first.vocab.fingerprint
+  assert second.model_config == first.model_config
+  for a, b in zip(jax.tree_util.tree_leaves(first.params), jax.tree_util.tree_leaves(second.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
