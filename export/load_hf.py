@@ -13,8 +13,9 @@ The vocabulary is data.vocab.PairVocab: source.spm, target.spm and vocab.json in
 needs pad 0, unk 1, bos 2, eos 3; Marian's ids are </s> 0, <unk> 1, ..., <pad> last, and its decoder
 starts from <pad>. The ids are reordered (every table row and logit with them): pad, unk, the decoder's
 start token, eos, then the rest in Marian's order. Where the start token is pad (Marian's own models), it
-takes two ids, our pad 0 and our bos 2, both with its row and its logits bias; OPUS-MT never predicts
-it (its generation_config forbids it), so the extra column changes nothing a user sees.
+takes two ids, our pad 0 and our bos 2, both with its row. OPUS-MT's generation config forbids
+predicting pad (bad_words_ids); where it does, both columns' logits bias is set to FORBIDDEN_LOGIT, so
+that our search, which has no such list, never picks them either.
 
 An unsupported configuration is refused before any weight is read, with one line naming the key.
 """
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from data.vocab import VOCAB_FILE, PairVocab
+from data.vocab import BOS, PAD, VOCAB_FILE, PairVocab
 from decode import DEFAULTS
 from export.weights import marian_permutation, params_from_neutral
 from model import Transformer, TransformerConfig
@@ -42,6 +43,10 @@ from run.workdir import make_run_dir, write_atomically, write_versions
 CLASSES = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGeneration"}
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}   # Hugging Face's name -> ours
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+# The logits bias of pad and bos where generate() may not pick pad (OPUS-MT: bad_words_ids [[pad]]; the
+# converter added pad as an untrained row, whose logit would otherwise be the bias alone). Low enough
+# never to win, finite so that label smoothing's sum over every logit stays small.
+FORBIDDEN_LOGIT = -30.0
 
 
 class UnsupportedModel(UserError):
@@ -183,9 +188,12 @@ def _positions(w: dict, settings: dict) -> str:
   return "learned"
 
 
-def import_weights(w: dict, settings: dict, order: list[int]) -> tuple[dict, TransformerConfig]:
+def import_weights(w: dict, settings: dict, order: list[int], forbidden_pad: bool = False
+                   ) -> tuple[dict, TransformerConfig]:
   """Hugging Face weights (hf_weights) -> (our params, our TransformerConfig), ids in our order.
-  Every array is checked against the shapes our model initialises."""
+  forbidden_pad: the generation config forbids pad, which is also our bos (Marian's decoder start):
+  both columns' logits bias is lowered to FORBIDDEN_LOGIT. Every array is checked against the shapes
+  our model initialises."""
   cfg = TransformerConfig(vocab_size=len(order), **{**settings, "positions": _positions(w, settings)})
   w = dict(w)
   if cfg.share_embeddings:
@@ -195,6 +203,8 @@ def import_weights(w: dict, settings: dict, order: list[int]) -> tuple[dict, Tra
   for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight",
                "final_logits_bias"):
     w[name] = w[name][order]   # rows in our id order
+  if forbidden_pad:   # generate() never picks pad (bad_words_ids); nor does our search then
+    w["final_logits_bias"][[PAD, BOS]] = np.minimum(w["final_logits_bias"][[PAD, BOS]], FORBIDDEN_LOGIT)
   params = params_from_neutral(w, cfg)
   expected = jax.eval_shape(lambda: Transformer(cfg).init(
       jax.random.key(0), jnp.ones((1, 2), jnp.int32), jnp.ones((1, 2), jnp.int32))["params"])
@@ -228,6 +238,14 @@ def run_config(settings: dict, cfg: TransformerConfig, hf: dict, source_eos: boo
       train=dict(num_steps=0, imported_from=CLASSES[hf["model_type"]])))
 
 
+def pad_is_forbidden(model_dir, hf: dict) -> bool:
+  """Whether DIR's generation config (or config.json, in older directories) has bad_words_ids [[pad]]."""
+  path = pathlib.Path(model_dir) / "generation_config.json"
+  generation = json.loads(path.read_text()) if path.exists() else {}
+  banned = generation.get("bad_words_ids") or hf.get("bad_words_ids") or []
+  return [int(hf["pad_token_id"])] in banned
+
+
 def import_hf(model_dir, workdir) -> pathlib.Path:
   """Writes run directory `workdir` (new, or empty) from Hugging Face model directory `model_dir`.
   Returns the workdir."""
@@ -239,7 +257,8 @@ def import_hf(model_dir, workdir) -> pathlib.Path:
   hf = read_hf_config(model_dir)
   settings = model_settings(hf)
   order, vocab_bytes = read_vocabulary(model_dir, hf)
-  params, cfg = import_weights(hf_weights(model_dir), settings, order)
+  params, cfg = import_weights(hf_weights(model_dir), settings, order,
+                               forbidden_pad=order[BOS] == order[PAD] and pad_is_forbidden(model_dir, hf))
   make_run_dir(workdir)
   vocab = PairVocab(vocab_bytes, workdir / VOCAB_FILE)
   write_atomically(workdir / VOCAB_FILE, vocab_bytes)

@@ -72,7 +72,7 @@ def write_tokenizer(out: pathlib.Path):
   return len(pieces)
 
 
-def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, eos_bias=3.0, **overrides):
+def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, eos_bias=3.0, pad_bias=-100.0, **overrides):
   """A random-weight Hugging Face model directory (model + tokenizer). LayerNorms and biases are
   perturbed (init leaves them 1 and 0); the logits bias is random, pad's far below (OPUS-MT never
   predicts pad) and eos's raised so that translations end."""
@@ -99,7 +99,7 @@ def build_hf(out: pathlib.Path, kind="marian", tied=True, seed=0, eos_bias=3.0, 
       if "layer_norm" in name or name.endswith(".bias"):
         p.add_(0.1 * torch.randn_like(p))
     bias = 0.5 * torch.randn(1, vocab_size)
-    bias[0, pad], bias[0, 0] = -100.0, eos_bias
+    bias[0, pad], bias[0, 0] = pad_bias, eos_bias
     model.final_logits_bias.copy_(bias)
   model.generation_config.bad_words_ids = [[pad]]
   model.save_pretrained(out)
@@ -358,3 +358,22 @@ def test_an_export_of_an_import_imports_to_the_same_run(imported, tmp_path):
   assert second.model_config == first.model_config
   for a, b in zip(jax.tree_util.tree_leaves(first.params), jax.tree_util.tree_leaves(second.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow   # imports and searches a third model
+def test_a_pad_that_generate_may_not_pick_our_search_does_not_pick(tmp_path):
+  """OPUS-MT's converter adds pad as an untrained row with bias 0 and forbids it in generate()
+  (bad_words_ids); the import lowers our pad's and bos's logits bias so that our search, which has no
+  such list, agrees with generate()."""
+  hf_dir = build_hf(tmp_path / "hf", pad_bias=0.0)
+  with torch.no_grad():   # the pad row as the converter leaves it: zeros, so its logit is its bias
+    model = transformers.MarianMTModel.from_pretrained(hf_dir)
+    model.get_input_embeddings().weight[model.config.pad_token_id] = 0.0
+    model.save_pretrained(hf_dir)
+  opened = run.load_run(load_hf.import_hf(hf_dir, tmp_path / "run"))
+  bias = np.asarray(opened.params["final_logits_bias"])
+  assert bias[PAD] == bias[BOS] == load_hf.FORBIDDEN_LOGIT
+  sentences = source_sentences(15, 40)
+  ours = translate(opened.model, opened.params, opened.vocab, sentences, beam_size=1,
+                   max_extra_len=MAX_EXTRA_LEN, source_eos=True)
+  assert ours == _hf_generate(hf_dir, sentences, 1)
