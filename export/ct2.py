@@ -31,7 +31,7 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str], *
   w = neutral_weights(params, cfg)
   spec = transformer_spec.TransformerSpec.from_config(
       (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.pre_norm,
-      activation=common_spec.Activation.RELU)
+      activation=common_spec.Activation.SWISH if cfg.activation == "swish" else common_spec.Activation.RELU)
 
   def linear(spec_, name):
     spec_.weight = w[f"{name}.weight"]
@@ -68,6 +68,8 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str], *
       linear(layer.ffn.linear_1, f"{prefix}.fc2")
       norm(layer.ffn.layer_norm, f"{prefix}.final_layer_norm")
   spec.decoder.projection.weight = w["lm_head.weight"]
+  if cfg.logits_bias:
+    spec.decoder.projection.bias = np.asarray(params["final_logits_bias"], np.float32)
 
   spec.config.layer_norm_epsilon = float(cfg.layer_norm_epsilon)
   spec.config.unk_token = pieces[vocab.unk_id]

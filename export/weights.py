@@ -44,12 +44,10 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
   # The family switches (docs/family.md): both formats hold the paper's encoder-decoder only.
   defaults = dict(arch="encoder_decoder", num_kv_heads=None, activation="relu", norm="layernorm")
   for name, default in defaults.items():
-    if name == "activation" and fmt == "hf" and cfg.activation == "swish":   # Marian's and Pegasus's "swish"
+    if name == "activation" and cfg.activation == "swish":   # Marian's (both formats have it)
       continue
     if getattr(cfg, name) not in (default, cfg.num_heads if name == "num_kv_heads" else default):
       problems.append(f"{name}={getattr(cfg, name)!r} (the {fmt} export holds {name}={default!r} only)")
-  if fmt == "ctranslate2" and cfg.logits_bias:
-    problems.append("logits_bias=True (the ctranslate2 export holds no logits bias; export to hf)")
   if cfg.positions not in ("sinusoidal", "learned"):
     problems.append(f"positions={cfg.positions!r} (the {fmt} export holds sinusoidal or learned "
                     f"positions only)")

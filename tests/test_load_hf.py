@@ -377,3 +377,26 @@ def test_a_pad_that_generate_may_not_pick_our_search_does_not_pick(tmp_path):
   ours = translate(opened.model, opened.params, opened.vocab, sentences, beam_size=1,
                    max_extra_len=MAX_EXTRA_LEN, source_eos=True)
   assert ours == _hf_generate(hf_dir, sentences, 1)
+
+
+def test_an_imported_model_exports_to_ctranslate2_and_translates_as_ours(imported, tmp_path):
+  """swish and the logits bias in CTranslate2's spec; sources cut by source.spm, outputs joined by
+  target.spm: greedy translations equal ours."""
+  ctranslate2 = pytest.importorskip("ctranslate2")
+  import export
+  _, workdir = imported
+  out = export.export_run(workdir, "ctranslate2", tmp_path / "ct2")
+  opened = run.load_run(workdir)
+  sentences = source_sentences(16, 40)
+  source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+  translator = ctranslate2.Translator(str(out), device="cpu")
+  ids = {piece: i for i, piece in enumerate(opened.vocab.pieces)}
+  theirs = []
+  for pieces in source.encode(sentences, out_type=str):   # our length limit (see _hf_generate)
+    result = translator.translate_batch([pieces], beam_size=1, min_decoding_length=0,
+                                        max_decoding_length=len(pieces) + 1 + MAX_EXTRA_LEN - 1)
+    theirs.append(opened.vocab.decode([ids[p] for p in result[0].hypotheses[0]]))
+  ours = translate(opened.model, opened.params, opened.vocab, sentences, beam_size=1,
+                   max_extra_len=MAX_EXTRA_LEN, source_eos=True)
+  assert len(set(ours)) > 5
+  assert ours == theirs
