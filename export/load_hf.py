@@ -32,6 +32,7 @@ import numpy as np
 
 from data.vocab import BOS, PAD, VOCAB_FILE, PairVocab
 from decode import DEFAULTS
+from export.hf import SINUSOID_TOLERANCE
 from export.weights import marian_permutation, params_from_neutral
 from model import Transformer, TransformerConfig
 from model.embedding import sinusoid
@@ -181,7 +182,7 @@ def _positions(w: dict, settings: dict) -> str:
   d, max_len = settings["d_model"], settings["max_len"]
   ours = np.asarray(sinusoid(jnp.arange(max_len), d), np.float32)[:, marian_permutation(d)]
   tables = [w[f"{stack}.embed_positions.weight"] for stack in ("encoder", "decoder")]
-  if all(t.shape == ours.shape and np.allclose(t, ours, atol=1e-5) for t in tables):
+  if all(t.shape == ours.shape and np.allclose(t, ours, rtol=0.0, atol=SINUSOID_TOLERANCE) for t in tables):
     return "sinusoidal"
   if not settings["pre_norm"]:
     _refuse("embed_positions", "learned", "a post-norm Marian's positions are its fixed sinusoids")

@@ -40,8 +40,10 @@ B=(--config.data.train_path="$OUT/corpus_b/train.tsv" --config.data.dev_path="$O
    --config.data.test_path="$OUT/corpus_b/test.tsv")
 
 # 1. Corpus A.
-python -m train --config experiments/default.py --workdir "$OUT/a" --config.train.num_steps="$PRE" \
-    --config.train.test_sentences=500 "${QUIET[@]}"
+[ -f "$OUT/a/checkpoints/$PRE/meta/metadata" ] ||   # done already: a rerun goes on from step 2
+  python -m train --config experiments/default.py --workdir "$OUT/a" --config.train.num_steps="$PRE" \
+      --config.train.test_sentences=500 "${QUIET[@]}"
+rm -rf "$OUT/a_hf" "$OUT/a_imported" "$OUT/finetuned" "$OUT/scratch"
 # 2-3. Out to Hugging Face and back.
 python -m export --workdir "$OUT/a" --format hf --out "$OUT/a_hf"
 python -m export.load_hf --model "$OUT/a_hf" --workdir "$OUT/a_imported"

@@ -400,3 +400,20 @@ def test_an_imported_model_exports_to_ctranslate2_and_translates_as_ours(importe
                    max_extra_len=MAX_EXTRA_LEN, source_eos=True)
   assert len(set(ours)) > 5
   assert ours == theirs
+
+
+def test_marians_own_sinusoids_at_opus_mt_size_import_as_ours():
+  """OPUS-MT's 512 positions of d_model 512, as MarianMTModel computes them (float64 angles), are our
+  float32 sinusoids within SINUSOID_TOLERANCE: a post-norm Marian imports with positions='sinusoidal'."""
+  config = transformers.MarianConfig(vocab_size=16, decoder_vocab_size=16, d_model=512, encoder_layers=1,
+                                     decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
+                                     max_position_embeddings=512, activation_function="swish",
+                                     scale_embedding=True, pad_token_id=15, eos_token_id=0,
+                                     decoder_start_token_id=15)
+  model = transformers.MarianMTModel(config)
+  weights = {name.removeprefix("model."): t.detach().numpy() for name, t in model.state_dict().items()}
+  settings = load_hf.model_settings(config.to_dict())
+  assert load_hf._positions(weights, settings) == "sinusoidal"
+  weights["decoder.embed_positions.weight"] = weights["decoder.embed_positions.weight"] + 1e-3
+  with pytest.raises(UnsupportedModel, match="embed_positions"):
+    load_hf._positions(weights, settings)
