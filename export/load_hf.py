@@ -120,7 +120,7 @@ def id_order(pieces_by_id: list[str], hf: dict, unk_piece: str) -> tuple[list[in
   if unk_piece not in index:
     _refuse("unk_token", unk_piece, "not in vocab.json")
   pad, eos, unk = int(hf["pad_token_id"]), int(hf["eos_token_id"]), index[unk_piece]
-  start = int(hf.get("decoder_start_token_id", pad) if hf.get("decoder_start_token_id") is not None else pad)
+  start = pad if hf.get("decoder_start_token_id") is None else int(hf["decoder_start_token_id"])
   if len({pad, eos, unk}) < 3 or start in (eos, unk):
     _refuse("decoder_start_token_id", start, f"pad {pad}, eos {eos}, unk {unk} and the decoder's start "
             f"token must be distinct (the start token may be pad)")
