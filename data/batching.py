@@ -54,7 +54,7 @@ def tokenize(vocab, pairs, origins=None, max_len: int | None = None, what: str =
   the same way); tgt gets room for BOS/EOS (its encoded length + 1 must fit max_len).
   """
   src_ids = [s + [EOS] if source_eos else s for s in vocab.encode_batch([s for s, _ in pairs])]
-  tgt_ids = vocab.encode_batch([t for _, t in pairs])
+  tgt_ids = vocab.encode_batch([t for _, t in pairs], "target")
   lengths = lambda seqs: np.fromiter(map(len, seqs), np.int64, len(seqs))
   origin = (lambda i: origins[i]) if origins else (lambda i: f"pair {i}")
   keep = fitting(lengths(src_ids), lengths(tgt_ids), max_len, origin, what).tolist()

@@ -119,7 +119,7 @@ def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
   with bar:
     for chunk, numbers in reader.chunks(report=True, size=_CHUNK):
       for side, texts in zip(_SIDES, zip(*chunk)):
-        ids = vocab.encode_batch(list(texts))
+        ids = vocab.encode_batch(list(texts), "source" if side == "src" else "target")
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum()))   # [tokens]
         flat.tofile(files[f"{side}.ids"])

@@ -1,22 +1,31 @@
-"""One SentencePiece vocabulary shared by source and target (the paper shares one vocabulary).
+"""One SentencePiece vocabulary shared by source and target (the paper shares one vocabulary), or two
+SentencePiece models over one id table (a pretrained Marian model's: export/load_hf.py).
 
 Ids: pad 0, unk 1, bos 2, eos 3. Trained once per run directory (workdir/vocab.model) on a seeded random
 sample of the training text (drawn without reading the corpus into memory: data.cache.vocab_sample),
 then reused on resume and by decoding.
+
+An imported Marian model cuts sources with source.spm and targets with target.spm, and names its ids in
+vocab.json (piece -> id). `PairVocab` holds the three in one vocab.model file, a zip of source.spm,
+target.spm and pieces.json (the piece of every id, in our order), so that the run directory, its
+fingerprint and everything that opens it stay as they are; `open_vocab` reads either kind.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pathlib
 import random
+import zipfile
 
 import sentencepiece as spm
 
 VOCAB_FILE = "vocab.model"
 VOCAB_INFO = "vocab.json"    # what it was trained on (data.cache.train_vocab_cached)
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+SIDES = ("source", "target")
 
 
 class Vocab:
@@ -49,11 +58,11 @@ class Vocab:
   def size(self) -> int:
     return self._sp.get_piece_size()
 
-  def encode(self, text: str) -> list[int]:
-    """Text -> ids, without bos or eos."""
+  def encode(self, text: str, side: str = "source") -> list[int]:
+    """Text -> ids, without bos or eos. `side` ("source" or "target") matters to PairVocab only."""
     return self._sp.encode(text)
 
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+  def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
     return self._sp.encode(texts, num_threads=os.cpu_count() or 1)
 
   def decode(self, ids) -> str:
@@ -66,6 +75,74 @@ class Vocab:
       if i not in (PAD, BOS):
         out.append(i)
     return self._sp.decode(out)
+
+
+class PairVocab:
+  """Two SentencePiece models over one id table: sources are cut with `source`, targets with `target`,
+  and each piece's id is its position in `pieces` (ids pad 0, unk 1, bos 2, eos 3, as Vocab's). A piece
+  that is not in the table is unk, as MarianTokenizer does it."""
+
+  pad_id, unk_id, bos_id, eos_id = PAD, UNK, BOS, EOS
+
+  def __init__(self, model_bytes: bytes, path: str = "<memory>"):
+    self.path = str(path)
+    self.model_bytes = model_bytes
+    self.fingerprint = hashlib.sha256(model_bytes).hexdigest()[:16]
+    with zipfile.ZipFile(io.BytesIO(model_bytes)) as bundle:
+      self.spm_bytes = {side: bundle.read(f"{side}.spm") for side in SIDES}
+      self.pieces = json.loads(bundle.read("pieces.json"))
+    self._sp = {side: spm.SentencePieceProcessor(model_proto=self.spm_bytes[side]) for side in SIDES}
+    self._ids = {piece: i for i, piece in enumerate(self.pieces)}
+    if len(self._ids) != len(self.pieces):
+      raise ValueError(f"{path}: pieces.json names a piece twice")
+
+  @staticmethod
+  def bundle(source_spm: bytes, target_spm: bytes, pieces: list[str]) -> bytes:
+    """The vocab.model bytes of a PairVocab (a zip with fixed timestamps: the same inputs, the same
+    bytes, the same fingerprint)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as bundle:
+      for name, data in (("source.spm", source_spm), ("target.spm", target_spm),
+                         ("pieces.json", json.dumps(pieces, ensure_ascii=False).encode())):
+        bundle.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return out.getvalue()
+
+  @property
+  def size(self) -> int:
+    return len(self.pieces)
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self.pieces[int(token_id)]
+
+  def encode(self, text: str, side: str = "source") -> list[int]:
+    """Text -> ids (no bos or eos): cut by `side`'s SentencePiece model, each piece looked up."""
+    return self.encode_batch([text], side)[0]
+
+  def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
+    if side not in SIDES:
+      raise ValueError(f"side={side!r}: use one of {SIDES}")
+    cut = self._sp[side].encode(list(texts), out_type=str, num_threads=os.cpu_count() or 1)
+    return [[self._ids.get(piece, UNK) for piece in pieces] for pieces in cut]
+
+  def decode(self, ids) -> str:
+    """Target ids -> text with target.spm; stops at the first eos and drops pad, bos and unk, as
+    MarianTokenizer's batch_decode(skip_special_tokens=True) does; a piece target.spm does not know
+    (the table is joint) keeps its text, its word boundary marks turned into spaces."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS:
+        break
+      if i not in (PAD, BOS, UNK):
+        out.append(self.pieces[i])
+    return self._sp["target"].decode_pieces(out).replace("\u2581", " ").strip()
+
+
+def open_vocab(model_bytes: bytes, path: str = "<memory>") -> Vocab | PairVocab:
+  """A run's vocab.model bytes -> Vocab (one SentencePiece model) or PairVocab (a zip bundle)."""
+  if model_bytes[:4] == b"PK\x03\x04":
+    return PairVocab(model_bytes, path)
+  return Vocab(model_bytes, path)
 
 
 def check_vocab(vocab: Vocab, expected_fingerprint: str | None, where: str) -> None:

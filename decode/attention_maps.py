@@ -63,7 +63,7 @@ def write_maps(model, params, vocab, sentence, out_dir, *, source_eos=False, bea
   cfg = model.cfg
   src_ids = vocab.encode(sentence) + ([EOS] if source_eos else [])
   translation = translate(model, params, vocab, [sentence], beam_size=beam_size, source_eos=source_eos)[0]
-  tgt_in = [BOS] + vocab.encode(translation)
+  tgt_in = [BOS] + vocab.encode(translation, "target")
   if cfg.arch == "encoder_only":
     tgt_in = []
   maps = attention_maps(model, params, src_ids if cfg.arch != "decoder_only" else [], tgt_in)

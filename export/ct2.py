@@ -31,7 +31,7 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str], *
   w = neutral_weights(params, cfg)
   spec = transformer_spec.TransformerSpec.from_config(
       (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads, pre_norm=cfg.pre_norm,
-      activation=common_spec.Activation.RELU)
+      activation=common_spec.Activation.SWISH if cfg.activation == "swish" else common_spec.Activation.RELU)
 
   def linear(spec_, name):
     spec_.weight = w[f"{name}.weight"]
@@ -68,6 +68,8 @@ def ctranslate2_spec(params, cfg: TransformerConfig, vocab, pieces: list[str], *
       linear(layer.ffn.linear_1, f"{prefix}.fc2")
       norm(layer.ffn.layer_norm, f"{prefix}.final_layer_norm")
   spec.decoder.projection.weight = w["lm_head.weight"]
+  if cfg.logits_bias:
+    spec.decoder.projection.bias = np.asarray(params["final_logits_bias"], np.float32)
 
   spec.config.layer_norm_epsilon = float(cfg.layer_norm_epsilon)
   spec.config.unk_token = pieces[vocab.unk_id]
@@ -100,8 +102,13 @@ def export_ctranslate2(params, cfg: TransformerConfig, vocab, spm_path, out_dir,
   `ctranslate2.Translator(out_dir)` loads it; it takes SentencePiece pieces as tokens, and appends EOS
   to them itself where the run was trained with source_eos.
   """
-  spec = ctranslate2_spec(params, cfg, vocab, pieces_of(spm_path, vocab), source_eos=source_eos)
+  pair = getattr(vocab, "spm_bytes", None)   # a PairVocab (data/vocab.py): its two models and id table
+  pieces = list(vocab.pieces) if pair else pieces_of(spm_path, vocab)
+  spec = ctranslate2_spec(params, cfg, vocab, pieces, source_eos=source_eos)
   out = save_ctranslate2(spec, out_dir, quantization)
-  for name in ("source.spm", "target.spm"):
-    shutil.copyfile(spm_path, out / name)
+  for side in ("source", "target"):
+    if pair:
+      (out / f"{side}.spm").write_bytes(pair[side])
+    else:
+      shutil.copyfile(spm_path, out / f"{side}.spm")
   return out

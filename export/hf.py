@@ -31,6 +31,9 @@ from export.weights import check_exportable, neutral_weights, pieces_of
 from model.config import TransformerConfig
 
 HF_LAYER_NORM_EPSILON = 1e-5   # nn.LayerNorm's default, which Marian's and Pegasus's layers use
+# Our sinusoids' angles are float32 products, Marian's float64: at position 511 of d_model 512 they differ
+# by 4e-5 (2e-5 at position 255 of d_model 128).
+SINUSOID_TOLERANCE = 1e-4
 
 
 def hf_class_name(cfg: TransformerConfig) -> str:
@@ -46,7 +49,7 @@ def hf_config(cfg: TransformerConfig, vocab):
       encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
       encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
       encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
-      activation_function="relu", scale_embedding=True,              # x * sqrt(d_model), as ours
+      activation_function=cfg.activation, scale_embedding=True,      # x * sqrt(d_model), as ours
       dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
       activation_dropout=cfg.relu_dropout_rate, tie_word_embeddings=cfg.share_embeddings,
       pad_token_id=vocab.pad_id, eos_token_id=vocab.eos_id, bos_token_id=vocab.bos_id,
@@ -70,7 +73,9 @@ def hf_state(params, cfg: TransformerConfig) -> dict:
   # Pegasus keeps `shared` even when the stacks have their own tables (then it is unused); to_hf drops it
   # for Marian, which has none then.
   state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
-  state["final_logits_bias"] = torch.zeros((1, cfg.vocab_size))
+  bias = np.array(params["final_logits_bias"], np.float32) if cfg.logits_bias else np.zeros(cfg.vocab_size,
+                                                                                                np.float32)
+  state["final_logits_bias"] = torch.from_numpy(bias.reshape(1, cfg.vocab_size))
   return state
 
 
@@ -112,7 +117,8 @@ def _check_reloaded(out: pathlib.Path, model) -> None:
     raise RuntimeError(f"{out} loads as {type(reloaded).__name__}, not {type(model).__name__}")
   theirs = reloaded.state_dict()
   for name, tensor in model.state_dict().items():
-    tol = 1e-5 if "embed_positions" in name and isinstance(model, transformers.MarianMTModel) else 0.0
+    marian_positions = "embed_positions" in name and isinstance(model, transformers.MarianMTModel)
+    tol = SINUSOID_TOLERANCE if marian_positions else 0.0
     if name not in theirs or not torch.allclose(theirs[name], tensor, rtol=0.0, atol=tol):
       raise RuntimeError(f"{out}: weight {name} did not survive save_pretrained / from_pretrained")
 
@@ -128,7 +134,8 @@ def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_
   from transformers import MarianTokenizer
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  pieces = pieces_of(spm_path, vocab)
+  pair = getattr(vocab, "spm_bytes", None)   # a PairVocab (data/vocab.py): its two models and id table
+  pieces = list(vocab.pieces) if pair else pieces_of(spm_path, vocab)
   model = to_hf(params, cfg, vocab)
   generation = model.generation_config
   generation.max_length = cfg.max_len
@@ -141,8 +148,11 @@ def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_
   _check_reloaded(out, model)
   (out / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(pieces)},
                                              ensure_ascii=False, indent=0) + "\n")
-  for name in ("source.spm", "target.spm"):
-    shutil.copyfile(spm_path, out / name)
+  for side in ("source", "target"):
+    if pair:
+      (out / f"{side}.spm").write_bytes(pair[side])
+    else:
+      shutil.copyfile(spm_path, out / f"{side}.spm")
   tokenizer = MarianTokenizer(
       source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"), vocab=str(out / "vocab.json"),
       unk_token=pieces[vocab.unk_id], eos_token=pieces[vocab.eos_id], pad_token=pieces[vocab.pad_id],

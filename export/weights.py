@@ -44,6 +44,8 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
   # The family switches (docs/family.md): both formats hold the paper's encoder-decoder only.
   defaults = dict(arch="encoder_decoder", num_kv_heads=None, activation="relu", norm="layernorm")
   for name, default in defaults.items():
+    if name == "activation" and cfg.activation == "swish":   # Marian's (both formats have it)
+      continue
     if getattr(cfg, name) not in (default, cfg.num_heads if name == "num_kv_heads" else default):
       problems.append(f"{name}={getattr(cfg, name)!r} (the {fmt} export holds {name}={default!r} only)")
   if cfg.positions not in ("sinusoidal", "learned"):
@@ -155,3 +157,74 @@ def pieces_of(spm_path, vocab) -> list[str]:
   if len(set(pieces)) != size:
     raise ValueError(f"{spm_path}: pieces are not unique, so token strings cannot name ids")
   return pieces
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reverse: a neutral dict (Marian's names and layout) -> our params (export/load_hf.py).
+# ----------------------------------------------------------------------------------------------------
+def _attention_from(w: dict, prefix: str, cfg: TransformerConfig, inv: np.ndarray) -> dict:
+  d, h = cfg.d_model, cfg.num_heads
+  out = {}
+  for ours, theirs, d_head in (("query", "q_proj", cfg.head_dim_k), ("key", "k_proj", cfg.head_dim_k),
+                               ("value", "v_proj", cfg.head_dim_v)):
+    weight = w[f"{prefix}.{theirs}.weight"]                                        # [h*d_head, d_model]
+    out[ours] = {"kernel": weight[:, inv].T.reshape(d, h, d_head),                 # [d_model, h, d_head]
+                 "bias": w[f"{prefix}.{theirs}.bias"].reshape(h, d_head)}
+  weight = w[f"{prefix}.out_proj.weight"]                                          # [d_model, h*d_v]
+  out["out"] = {"kernel": weight[inv, :].T.reshape(h, cfg.head_dim_v, d),          # [h, d_v, d_model]
+                "bias": w[f"{prefix}.out_proj.bias"][inv]}
+  return out
+
+
+def _norm_from(w: dict, name: str, inv: np.ndarray) -> dict:
+  return {"norm": {"scale": w[f"{name}.weight"][inv], "bias": w[f"{name}.bias"][inv]}}
+
+
+def _ffn_from(w: dict, prefix: str, inv: np.ndarray) -> dict:
+  return {"wi": {"kernel": w[f"{prefix}.fc1.weight"][:, inv].T, "bias": w[f"{prefix}.fc1.bias"]},
+          "wo": {"kernel": w[f"{prefix}.fc2.weight"][inv, :].T, "bias": w[f"{prefix}.fc2.bias"][inv]}}
+
+
+def params_from_neutral(w: dict, cfg: TransformerConfig) -> dict:
+  """neutral_weights's inverse: {Marian-style name: float32 array} -> our (unrolled) params.
+
+  With cfg.share_embeddings, 'encoder.embed_tokens.weight' is the shared table; with cfg.positions
+  'learned', the position tables are read, else they are our sinusoids (the caller checks they are).
+  'final_logits_bias' [vocab] is read where cfg.logits_bias is set.
+  """
+  inv = np.argsort(marian_permutation(cfg.d_model))
+  w = {name: _np(array) for name, array in w.items()}
+  params = {}
+  if cfg.share_embeddings:
+    params["shared_embedding"] = {"embedding": w["encoder.embed_tokens.weight"][:, inv]}
+  else:
+    params["output_projection"] = {"kernel": w["lm_head.weight"][:, inv].T}         # [d_model, vocab]
+  if cfg.logits_bias:
+    params["final_logits_bias"] = w["final_logits_bias"]
+  for stack in ("encoder", "decoder"):
+    embed = {}
+    if not cfg.share_embeddings:
+      embed["table"] = {"embedding": w[f"{stack}.embed_tokens.weight"][:, inv]}
+    if cfg.positions == "learned":
+      embed["positions"] = {"embedding": w[f"{stack}.embed_positions.weight"][:, inv]}
+    params[stack] = {"embed": embed} if embed else {}
+    if cfg.pre_norm:
+      params[stack]["final_norm"] = {"scale": w[f"{stack}.layer_norm.weight"][inv],
+                                     "bias": w[f"{stack}.layer_norm.bias"][inv]}
+  for i in range(cfg.num_encoder_layers):
+    prefix = f"encoder.layers.{i}"
+    params["encoder"][f"layers_{i}"] = {
+        "self_attention": _attention_from(w, f"{prefix}.self_attn", cfg, inv),
+        "residual_attention": _norm_from(w, f"{prefix}.self_attn_layer_norm", inv),
+        "ffn": _ffn_from(w, prefix, inv),
+        "residual_ffn": _norm_from(w, f"{prefix}.final_layer_norm", inv)}
+  for i in range(cfg.num_decoder_layers):
+    prefix = f"decoder.layers.{i}"
+    params["decoder"][f"layers_{i}"] = {
+        "self_attention": _attention_from(w, f"{prefix}.self_attn", cfg, inv),
+        "residual_self": _norm_from(w, f"{prefix}.self_attn_layer_norm", inv),
+        "cross_attention": _attention_from(w, f"{prefix}.encoder_attn", cfg, inv),
+        "residual_cross": _norm_from(w, f"{prefix}.encoder_attn_layer_norm", inv),
+        "ffn": _ffn_from(w, prefix, inv),
+        "residual_ffn": _norm_from(w, f"{prefix}.final_layer_norm", inv)}
+  return params

@@ -13,7 +13,7 @@ from kernels import CHOICES as KERNELS
 
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "swish", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")   # model/fused_attention.py
 REMATS = ("none", "minimal", "full")   # model/stack.py: what the backward pass recomputes per layer
@@ -72,7 +72,8 @@ class TransformerConfig:
   arch: str = "encoder_decoder"        # | "decoder_only" (causal LM, no cross-attention) | "encoder_only"
   positions: str = "sinusoidal"        # | "learned" (Table 3 row E) | "rope" | "alibi" | "relative" (T5's)
   num_kv_heads: int | None = None      # key/value heads: None = num_heads (MHA), 1 = MQA, between = GQA
-  activation: str = "relu"             # FFN: | "gelu" | "swiglu" | "geglu" (gated: two input matrices)
+  activation: str = "relu"             # FFN: | "gelu" | "swish" (SiLU, Marian's) | "swiglu" | "geglu" (gated)
+  logits_bias: bool = False            # a learned bias [vocab] added to the logits (Marian's final_logits_bias)
   norm: str = "layernorm"              # | "rmsnorm"
   relative_buckets: int = 32           # positions="relative": buckets per stack (T5)
   relative_max_distance: int = 128     # positions="relative": distances beyond share the last bucket
@@ -202,6 +203,8 @@ def num_params(cfg: TransformerConfig) -> int:
     total += stacks * cfg.relative_buckets * h
   if cfg.pre_norm:
     total += (norm if enc else 0) + norm if cfg.arch == "encoder_decoder" else norm
+  if cfg.logits_bias:
+    total += cfg.vocab_size
   if cfg.arch == "encoder_only":
     total += d * d + d + norm + cfg.vocab_size     # MLM head: transform, norm, output bias
     if cfg.num_classes:

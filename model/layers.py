@@ -14,11 +14,12 @@ from model.dense import Dense
 from model.ops import ops_for
 
 
-_ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swiglu": nn.silu, "geglu": nn.gelu}
+_ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swish": nn.silu, "swiglu": nn.silu, "geglu": nn.gelu}
 
 
 class FeedForward(nn.Module):
-  """max(0, x W1 + b1) W2 + b2 (the paper); with activation="gelu" GELU in place of max(0, .);
+  """max(0, x W1 + b1) W2 + b2 (the paper); with activation="gelu" GELU in place of max(0, .), with
+  "swish" SiLU, x * sigmoid(x) (Marian's);
   the gated "swiglu" / "geglu" (Shazeer 2020) compute (act(x W1 + b1) * (x V + c)) W2 + b2."""
   cfg: TransformerConfig
 

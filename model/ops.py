@@ -103,7 +103,9 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   dtype, mixed = _mixed(cfg)
   if kernels.resolve(cfg.kernels) == "cpu":
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
-               dropout=dropout16.Dropout, fused_loss=cfg.arch != "encoder_only")
+               dropout=dropout16.Dropout,
+               # The fused loss reads Transformer.features, which stops before the logits bias.
+               fused_loss=cfg.arch != "encoder_only" and not cfg.logits_bias)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout,
              fused_loss=cfg.arch != "encoder_only")

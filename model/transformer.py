@@ -205,6 +205,18 @@ class Transformer(nn.Module):
       self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype,
                                         param_dtype=param_dtype, dot_general=ops.float32_dot_general,
                                         name="output_projection")
+    if cfg.logits_bias:
+      self.final_logits_bias = self.param("final_logits_bias", nn.initializers.zeros, (cfg.vocab_size,),
+                                          param_dtype)
+
+  def add_logits_bias(self, logits):
+    """float32 logits [..., vocab] + the learned logits bias (cfg.logits_bias, Marian's
+    final_logits_bias); unchanged without it. Every path that makes logits ends here: the teacher-forced
+    `logits`, `decode_step` and `prefill`. `features` returns the pre-bias pieces, so the fused loss is
+    off with the bias (model/ops.py)."""
+    if not self.cfg.logits_bias:
+      return logits
+    return logits + self.final_logits_bias.astype(jnp.float32)
 
   def logits(self, y):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
@@ -218,6 +230,7 @@ class Transformer(nn.Module):
                         _dot_general=ops_for(self.cfg).dot_general or jax.lax.dot_general)
     else:
       logits = self.output_projection(y)
+    logits = self.add_logits_bias(logits)
     return self.mlm_head.add_bias(logits) if self.cfg.arch == "encoder_only" else logits
 
   def output_table(self):
@@ -297,7 +310,7 @@ class Transformer(nn.Module):
     """Decoder-only: a prompt int [n, P] (left-padded with 0) in one cached pass. Returns (logits
     float32 [n, vocab] for the token after the prompt, cache ready for decode_step at index P)."""
     y, cache = self.decoder.prefill(prompt, cache)
-    return decoding_for(self.cfg).decoding_logits(y, memory["output"]), cache
+    return self.add_logits_bias(decoding_for(self.cfg).decoding_logits(y, memory["output"])), cache
 
   def decode_step(self, ids, cache, memory, src_mask):
     """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
@@ -308,7 +321,7 @@ class Transformer(nn.Module):
     backend = decoding_for(self.cfg)
     y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
                                  backend.cache("slot_history" in cache), memory.get("panels"))
-    return backend.decoding_logits(y, memory["output"]), cache
+    return self.add_logits_bias(backend.decoding_logits(y, memory["output"])), cache
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):

@@ -25,7 +25,7 @@ from typing import Any
 import ml_collections
 
 from data import cache as data_cache
-from data.vocab import VOCAB_FILE, VOCAB_INFO, Vocab, check_vocab
+from data.vocab import VOCAB_FILE, VOCAB_INFO, PairVocab, Vocab, check_vocab, open_vocab
 from model import Transformer, TransformerConfig, stack
 from run import checkpoint as ckpt
 from run.config import CONFIG_FILE, load_run_config
@@ -39,7 +39,7 @@ class Run:
   config: ml_collections.ConfigDict   # the whole experiment config (model, data, train, decode)
   model: Transformer
   params: Any                         # the parameter pytree, on the first local device
-  vocab: Vocab
+  vocab: Vocab | PairVocab
   step: int                           # the training step of the checkpoint (of its newest step if averaged)
 
   @property
@@ -73,7 +73,7 @@ def load_vocab(workdir) -> Vocab:
   path = run_file(workdir, VOCAB_FILE)
   model = read_file(path, binary=True)
   try:
-    return Vocab(model, path)
+    return open_vocab(model, path)
   except Exception as error:  # noqa: BLE001 - sentencepiece's error for bytes that are not its model
     raise UserError(f"{path} is not a SentencePiece vocabulary of this codebase "
                     f"({' '.join(str(error).split())[:200]}): {DAMAGED}") from None
@@ -106,14 +106,22 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
   return Run(config=config, model=model, params=params, vocab=vocab, step=step)
 
 
-def get_vocab(data_config, workdir) -> Vocab:
-  """workdir/vocab.model if it exists, else trained on a bounded sample of the training split (or taken
-  from the data cache, where a run with the same corpus and vocabulary settings left it) and written
-  atomically, with workdir/vocab.json recording the sample it was trained on."""
+def get_vocab(data_config, workdir) -> Vocab | PairVocab:
+  """workdir/vocab.model if it exists; else a copy of config.data.vocab_file where that is set (a
+  pretrained run's vocab.model, for fine-tuning: experiments/finetune.py); else trained on a bounded
+  sample of the training split (or taken from the data cache, where a run with the same corpus and
+  vocabulary settings left it) and written atomically, with workdir/vocab.json recording the sample it
+  was trained on."""
   path = pathlib.Path(workdir) / VOCAB_FILE
   if path.exists():
+    return load_vocab(workdir)
+  if data_config.get("vocab_file", ""):
+    source = pathlib.Path(data_config.vocab_file)
+    if not source.is_file():
+      raise UserError(f"config.data.vocab_file={str(source)!r} does not exist: name a run's vocab.model")
+    write_atomically(path, source.read_bytes())
     return load_vocab(workdir)
   model, info = data_cache.train_vocab_cached(data_config)   # a bounded sample, never the whole corpus
   write_atomically(path.with_name(VOCAB_INFO), json.dumps(info, indent=1) + "\n")   # sample size etc.
   write_atomically(path, model)
-  return Vocab(model, path)
+  return open_vocab(model, path)

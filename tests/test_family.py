@@ -27,11 +27,13 @@ VARIANTS = {
     "geglu_gelu": dict(activation="geglu"),
     "gelu": dict(activation="gelu", attention_bias=False),
     "unshared": dict(share_embeddings=False, positions="rope", num_kv_heads=2),
+    # What an imported Marian (OPUS-MT) model sets (export/load_hf.py).
+    "marian": dict(activation="swish", logits_bias=True, layer_norm_epsilon=1e-5, share_embeddings=False),
 }
 ARCHS = ("encoder_decoder", "decoder_only")
 # The default suite runs the heavy per-variant invariants on a few variants that between them cover
 # every switch kind (positions, GQA/MQA, gated FFN, RMSNorm, pre-norm, unshared); the slow set runs all.
-DEFAULT_SET = ("paper", "mqa_swiglu_rms", "unshared")
+DEFAULT_SET = ("paper", "mqa_swiglu_rms", "unshared", "marian")
 
 
 def _variants(names):

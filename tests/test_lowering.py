@@ -203,3 +203,16 @@ def test_dropout_draws_from_the_configured_prng():
   texts = _train_step_texts(_model("base", **small), rows=4, length=128, rng_impl="rbg")
   for text in texts.values():   # the bits from rng_bit_generator; threefry only on the key's few words
     assert "rng_bit_generator" in text and _largest_threefry(text) <= 4
+
+
+def test_an_imported_marian_models_switches_lower_for_gpu_and_tpu():
+  """What export/load_hf.py sets (swish, the logits bias, untied tables, epsilon 1e-5): the train step
+  and beam search lower for both, and the search reads the logits bias."""
+  cfg = config_lib.TransformerConfig(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1,
+                                     num_decoder_layers=1, activation="swish", logits_bias=True,
+                                     share_embeddings=False, layer_norm_epsilon=1e-5)
+  for text in _train_step_texts(Transformer(cfg.replace(dtype="bfloat16")), rows=4, length=128).values():
+    _assert_none_of_ours(text)
+  text = _search_text(cfg, 4, ())
+  _assert_none_of_ours(text)
+  assert "final_logits_bias" in text   # the search reads the bias (locations name the parameters)
