@@ -104,8 +104,7 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   if kernels.resolve(cfg.kernels) == "cpu":
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout,
-               # The fused loss reads Transformer.features, which stops before the logits bias.
-               fused_loss=cfg.arch != "encoder_only" and not cfg.logits_bias)
+               fused_loss=cfg.arch != "encoder_only")
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout,
              fused_loss=cfg.arch != "encoder_only")

@@ -212,8 +212,8 @@ class Transformer(nn.Module):
   def add_logits_bias(self, logits):
     """float32 logits [..., vocab] + the learned logits bias (cfg.logits_bias, Marian's
     final_logits_bias); unchanged without it. Every path that makes logits ends here: the teacher-forced
-    `logits`, `decode_step` and `prefill`. `features` returns the pre-bias pieces, so the fused loss is
-    off with the bias (model/ops.py)."""
+    `logits`, `decode_step` and `prefill`. `features` returns the pre-bias pieces; the chunked loss
+    (train/chunked_loss.py) adds the bias itself, read from params['final_logits_bias']."""
     if not self.cfg.logits_bias:
       return logits
     return logits + self.final_logits_bias.astype(jnp.float32)

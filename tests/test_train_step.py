@@ -356,3 +356,24 @@ def test_bfloat16_chunked_loss_equals_the_float32_full_logits_loss_within_bfloat
   np.testing.assert_allclose(got, want, rtol=1e-2)
   for g, w in zip(got_grads, want_grads):
     np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=3e-2 * float(jnp.max(jnp.abs(w))))
+
+
+def test_the_chunked_loss_carries_the_logits_bias_and_its_gradient():
+  """Marian's logits bias (cfg.logits_bias): the chunked loss adds it per chunk and returns its gradient,
+  equal to full logits + bias."""
+  rng = np.random.default_rng(3)
+  y = jnp.asarray(rng.standard_normal((3, 11, 8)), jnp.float32)
+  table = jnp.asarray(rng.standard_normal((VOCAB, 8)), jnp.float32)
+  bias = jnp.asarray(rng.standard_normal(VOCAB), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, VOCAB, (3, 11)), jnp.int32)
+  weights = jnp.asarray(rng.random((3, 11)) < 0.7, jnp.float32)
+
+  def full(y, table, bias):
+    logits = jnp.einsum("btd,vd->btv", y, table) + bias
+    return loss_lib.smoothed_cross_entropy(logits, targets, weights, 0.1)
+
+  chunked = lambda y, table, bias: loss_lib.fused_output_losses(y, table, targets, weights, 0.1, 5, None, bias)[0]
+  np.testing.assert_allclose(chunked(y, table, bias), full(y, table, bias), rtol=1e-5)
+  grads = lambda f: jax.grad(f, argnums=(0, 1, 2))(y, table, bias)
+  for got, want in zip(grads(chunked), grads(full)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

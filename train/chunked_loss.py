@@ -24,18 +24,22 @@ import numpy as np
 
 from kernels import mixed_matmul
 
-def _chunk_sums_and_grads(y, table, targets, weights, target, matmul_dtype=None):
+def _chunk_sums_and_grads(y, table, targets, weights, target, matmul_dtype=None, bias=None):
   """One chunk. y [c, d] (compute dtype), table [vocab, d], targets int [c], weights float32 [c].
   target: (confidence, low, entropy) of the smoothed target distribution (train.loss.smoothed_target).
   matmul_dtype: None, or the dtype the three matmuls read their operands in (mixed precision).
 
-  Returns (loss, nll, correct) float32 scalars, dy [c, d] and dtable_t [d, vocab] (float32), the
-  gradients of the smoothed loss sum (the table's transposed).
+  bias: None, or float32 [vocab] added to the logits (the model's logits bias).
+
+  Returns (loss, nll, correct) float32 scalars, dy [c, d], dtable_t [d, vocab] (float32) and dbias
+  [vocab] (float32, None without a bias), the gradients of the smoothed loss sum (the table's transposed).
   """
   vocab = table.shape[0]
   if matmul_dtype is not None:
     y, table = y.astype(matmul_dtype), table.astype(matmul_dtype)
   logits = jnp.einsum("cd,vd->cv", y, table, preferred_element_type=jnp.float32)   # [c, vocab]
+  if bias is not None:
+    logits = logits + bias
   top = jnp.max(logits, axis=-1, keepdims=True)                                    # [c, 1]
   exp = jnp.exp(logits - top)
   total = jnp.sum(exp, axis=-1, keepdims=True)
@@ -51,15 +55,16 @@ def _chunk_sums_and_grads(y, table, targets, weights, target, matmul_dtype=None)
   # d loss / d logits = (softmax - q) * weight.
   onehot = jnp.arange(vocab)[None, :] == targets[:, None]                          # [c, vocab]
   dlogits = (exp / total - jnp.where(onehot, confidence, low)) * weights[:, None]
+  dbias = None if bias is None else jnp.sum(dlogits, axis=0)
   dlogits = dlogits.astype(y.dtype)
   dy = jnp.einsum("cv,vd->cd", dlogits, table, preferred_element_type=jnp.float32)
   # Transposed, [d, vocab]: the matmul then transposes y [c, d] to read it row-major, not the 8x larger
   # dlogits (what that gained: docs/performance.md).
   dtable_t = mixed_matmul.einsum("cd,cv->dv", y, dlogits, matmul_dtype)
-  return (loss, nll_sum, correct_sum), dy, dtable_t
+  return (loss, nll_sum, correct_sum), dy, dtable_t, dbias
 
 
-def _fused_forward(y, table, targets, weights, target, chunk_tokens, matmul_dtype=None):
+def _fused_forward(y, table, targets, weights, bias, target, chunk_tokens, matmul_dtype=None):
   """Scans over chunks of target POSITIONS, each holding every row: [rows, positions/chunk, d] at a time.
 
   Chunking along positions rather than along flattened tokens keeps the rows axis whole in every chunk,
@@ -84,30 +89,35 @@ def _fused_forward(y, table, targets, weights, target, chunk_tokens, matmul_dtyp
   # Rounded once here rather than in every chunk.
   low_table = table if matmul_dtype is None else table.astype(matmul_dtype)
 
-  def body(dtable_t, xs):
+  def body(carry, xs):
+    dtable_t, dbias = carry
     yc, tc, wc = xs                                            # [rows, per_chunk, (d)]
-    sums, dy, dt = _chunk_sums_and_grads(yc.reshape(-1, d), low_table, tc.reshape(-1), wc.reshape(-1),
-                                         target, matmul_dtype)
-    return dtable_t + dt, (sums, dy.reshape(rows, per_chunk, d))
+    sums, dy, dt, db = _chunk_sums_and_grads(yc.reshape(-1, d), low_table, tc.reshape(-1), wc.reshape(-1),
+                                             target, matmul_dtype, bias)
+    dbias = None if bias is None else dbias + db
+    return (dtable_t + dt, dbias), (sums, dy.reshape(rows, per_chunk, d))
 
-  dtable_t, (sums, dy) = jax.lax.scan(body, jnp.zeros(table.shape[::-1], jnp.float32),
-                                      (split(y3), split(t3), split(w3)))
+  zero_bias = None if bias is None else jnp.zeros(bias.shape, jnp.float32)
+  (dtable_t, dbias), (sums, dy) = jax.lax.scan(body, (jnp.zeros(table.shape[::-1], jnp.float32), zero_bias),
+                                               (split(y3), split(t3), split(w3)))
   # The barrier keeps XLA from folding this transpose into the table gradient's dot when the scan has one
   # chunk: XLA:CPU has no kernel for the bfloat16 dot that would make (tests/test_train_step.py).
   dtable = jax.lax.optimization_barrier(dtable_t).T
   sums = tuple(jnp.sum(s) for s in sums)
   dy = jnp.moveaxis(dy, 0, 1).reshape(rows, chunks * per_chunk, d)[:, :length]
-  return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype))
+  dbias = None if bias is None else dbias.astype(bias.dtype)
+  return sums, (dy.reshape(y.shape).astype(y.dtype), dtable.astype(table.dtype), dbias)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def fused_output_losses(y, table, targets, weights, target: tuple, chunk_tokens: int = 1024,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def fused_output_losses(y, table, targets, weights, bias, target: tuple, chunk_tokens: int = 1024,
                         matmul_dtype=None):
   """The output projection, softmax and losses in one pass, without materialising the logits.
 
   y: decoder outputs [rows, length, d_model] (any leading dims before length); table: the output
   embedding [vocab, d_model] (logits = y @ table^T, accumulated in float32); targets int [rows, length];
-  weights float [rows, length] (1 on real tokens, 0 on padding); target: (confidence, low, entropy) of
+  weights float [rows, length] (1 on real tokens, 0 on padding); bias: None or float [vocab] added to
+  the logits (Transformer's logits bias, cfg.logits_bias); target: (confidence, low, entropy) of
   the smoothed target distribution (train.loss.smoothed_target). chunk_tokens: about this many tokens
   (rows x a slice of positions) per chunk. matmul_dtype: None, or the dtype the matmuls (forward and
   gradient) read their operands in, accumulating in float32 (mixed precision, kernels/mixed_matmul.py).
@@ -115,15 +125,16 @@ def fused_output_losses(y, table, targets, weights, target: tuple, chunk_tokens:
   train.loss's smoothed_cross_entropy, nll and correct on the full logits.
   Gradients flow through the smoothed loss only: nll and correct are metrics (zero gradient).
   """
-  sums, _ = _fused_forward(y, table, targets, weights, target, chunk_tokens, matmul_dtype)
+  sums, _ = _fused_forward(y, table, targets, weights, bias, target, chunk_tokens, matmul_dtype)
   return sums
 
 
 def _fused_bwd(target, chunk_tokens, matmul_dtype, grads, cotangents):
   del target, chunk_tokens, matmul_dtype
-  dy, dtable = grads
+  dy, dtable, dbias = grads
   g = cotangents[0]   # the loss's; nll and correct are metrics
-  return g.astype(dy.dtype) * dy, g.astype(dtable.dtype) * dtable, None, None
+  dbias = None if dbias is None else g.astype(dbias.dtype) * dbias
+  return g.astype(dy.dtype) * dy, g.astype(dtable.dtype) * dtable, None, None, dbias
 
 
 fused_output_losses.defvjp(_fused_forward, _fused_bwd)   # the forward already has the gradient

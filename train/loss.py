@@ -57,14 +57,14 @@ def correct(logits, targets, weights):
 
 
 def fused_output_losses(y, table, targets, weights, label_smoothing: float, chunk_tokens: int = 1024,
-                        matmul_dtype=None):
+                        matmul_dtype=None, bias=None):
   """The output layer and the three sums above in one pass, without the [tokens, vocab] logits
-  (train/chunked_loss.py): (smoothed loss sum, nll sum, correct sum) of logits = y @ table^T.
+  (train/chunked_loss.py): (smoothed loss sum, nll sum, correct sum) of logits = y @ table^T (+ bias).
 
   y [rows, length, d_model]; table [vocab, d_model]; targets, weights [rows, length]; chunk_tokens:
-  about this many tokens per chunk; matmul_dtype: None or the operand dtype of mixed precision.
-  Gradients flow through the smoothed loss only.
+  about this many tokens per chunk; matmul_dtype: None or the operand dtype of mixed precision; bias:
+  None or the model's logits bias [vocab]. Gradients flow through the smoothed loss only.
   """
   target = smoothed_target(table.shape[0], label_smoothing)
-  return chunked_loss.fused_output_losses(y, table, targets, weights, target, int(chunk_tokens),
-                                        matmul_dtype)
+  return chunked_loss.fused_output_losses(y, table, targets, weights, bias, target, int(chunk_tokens),
+                                          matmul_dtype)

@@ -137,8 +137,9 @@ def _loss_sums(params, batch, dropout_key, *, model, label_smoothing, determinis
   targets = batch["tgt_out"]
   if chunk_tokens and ops.fused_loss:
     y, table = model.apply({"params": params}, batch["src"], batch["tgt_in"], method="features", **inputs)
+    bias = params["final_logits_bias"] if model.cfg.logits_bias else None   # Transformer.add_logits_bias
     loss, nll, correct = loss_lib.fused_output_losses(y, table, targets, weights, label_smoothing,
-                                                      chunk_tokens, ops.matmul_dtype)
+                                                      chunk_tokens, ops.matmul_dtype, bias)
   else:
     logits = model.apply({"params": params}, batch["src"], batch["tgt_in"], **inputs)
     loss = loss_lib.smoothed_cross_entropy(logits, targets, weights, label_smoothing)
