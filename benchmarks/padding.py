@@ -11,6 +11,7 @@ a tail past 100), the target 1.1x the source with 15% noise; the seed is fixed.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
 
@@ -52,7 +53,9 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   src, tgt = wmt_shaped_lengths(args.pairs, args.max_len)
   rng = lambda: np.random.default_rng(0)
-  result = {"pairs": args.pairs, "max_len": args.max_len, "batch_tokens": args.batch_tokens,
+  result = {"benchmark": "padding",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "pairs": args.pairs, "max_len": args.max_len, "batch_tokens": args.batch_tokens,
             "median_src": float(np.median(src)), "mean_src": float(src.mean()), "layouts": {}}
   for name in ("buckets", "fine_buckets", "packed"):
     if name == "packed":
