@@ -82,7 +82,7 @@ def test_decode_and_export_of_a_missing_run(files):
 
 
 def test_sweep_misspelled_key(files):
-  assert_user_error(run("train.sweep", f"--config={ROOT / 'experiments' / 'table3.py'}:smoke",
+  assert_user_error(run("jobs.sweep", f"--config={ROOT / 'experiments' / 'table3.py'}:smoke",
                         f"--workdir={files / 'sweep'}", "--config.train.num_stepz=3", cwd=files),
                     "num_stepz")
 

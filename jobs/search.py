@@ -1,11 +1,11 @@
-"""`python -m train.search`: an Optuna study over an experiment's search space, each trial a normal run.
+"""`python -m jobs.search`: an Optuna study over an experiment's search space, each trial a normal run.
 
-    python -m train.search --config experiments/small_corpus.py --workdir runs/search --trials 24 \\
+    python -m jobs.search --config experiments/small_corpus.py --workdir runs/search --trials 24 \\
         [--parallel 2] [--metric dev_nll|dev_loss|dev_bleu] [--sampler tpe|qmc|random] \\
         [--pruner hyperband|halving|median|none] [--storage URL] [--launcher local|slurm ...] \\
         [--config.KEY=VALUE ...]
 
-The experiment file's `search_space(trial)` (train/search_trial.py) gives each trial's overrides; trial N
+The experiment file's `search_space(trial)` (jobs/search_trial.py) gives each trial's overrides; trial N
 runs as `python -m train --config FILE --workdir DIR/trial_NNNN --config.KEY=VALUE ...`, its output in
 DIR/trial_NNNN/sweep.log, as a sweep's trials do. A --config.KEY=VALUE flag fixes that key for the whole
 study (the search space's parameter of that name is not sampled). The sampler is TPE (or a scrambled Sobol
@@ -21,12 +21,12 @@ trial, and no two run the same one. --trials N is the study's total. Rerunning c
 trial whose worker died (no heartbeat for --stale_after seconds, or its process is gone from this host) is
 marked failed and queued again, and the retry resumes its run directory; a trial that fails is recorded
 with the last line of its log. Ctrl-C or SIGTERM: the trials in flight save a checkpoint and are queued
-again. At the end (also after Ctrl-C): DIR/results.md, results.csv and PNG plots (train/search_report.py),
+again. At the end (also after Ctrl-C): DIR/results.md, results.csv and PNG plots (jobs/search_report.py),
 with the best configuration as a `python -m train` command.
 
---launcher slurm (the flags of train/slurm.py) runs each trial as a SLURM job through submitit, as
-`python -m train.sweep --launcher slurm` does; --parallel jobs at a time. --processes P runs each local
-trial as P processes (train/launch.py); on SLURM, --tasks_per_node and --nodes do that.
+--launcher slurm (the flags of jobs/slurm.py) runs each trial as a SLURM job through submitit, as
+`python -m jobs.sweep --launcher slurm` does; --parallel jobs at a time. --processes P runs each local
+trial as P processes (jobs/launch.py); on SLURM, --tasks_per_node and --nodes do that.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ from optuna.trial import TrialState
 
 import experiments
 from run.user_errors import UserError, reported
-from train import search_report, search_trial, slurm, sweep
 from train.signals import SignalFlag
+from jobs import search_report, search_trial, slurm, sweep
 
 JOURNAL = "study.journal"
 SAMPLERS = ("tpe", "qmc", "random")
@@ -226,8 +226,8 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
                out=None) -> dict:
   """Runs (or continues) the study of workdir until it has `trials` trials; returns {state: count}.
 
-  shared: 'config.KEY=VALUE' strings fixed for the whole study; trainer, start: as in train.sweep.run_sweep
-  (tests substitute a fast fake trainer; train.slurm.trial_starter runs trials as SLURM jobs);
+  shared: 'config.KEY=VALUE' strings fixed for the whole study; trainer, start: as in jobs.sweep.run_sweep
+  (tests substitute a fast fake trainer; jobs.slurm.trial_starter runs trials as SLURM jobs);
   baseline_first: a new study's first trial runs the experiment's own settings, for comparison.
   """
   workdir = pathlib.Path(workdir).absolute()
@@ -294,7 +294,7 @@ def run_search(config_spec: str, workdir, *, trials: int, parallel: int = 1, sha
 # ------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
   parser = sweep.experiment_parser(
-      "python -m train.search", __doc__, "Other --config.KEY=VALUE flags fix that key for every trial of the study.",
+      "python -m jobs.search", __doc__, "Other --config.KEY=VALUE flags fix that key for every trial of the study.",
       config_help="experiment file[:arg] with a search_space(trial)",
       workdir_help="study directory; trial N runs in DIR/trial_NNNN")
   parser.add_argument("--trials", type=int, required=True, help="the study's total number of trials")
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
   parser.add_argument("--stale_after", type=float, default=STALE_AFTER,
                       help=f"seconds without a heartbeat before another worker's trial is queued again "
                            f"(default {STALE_AFTER:.0f})")
-  parser.add_argument("--processes", type=int, default=1, help="local: processes per trial (train.launch)")
+  parser.add_argument("--processes", type=int, default=1, help="local: processes per trial (jobs.launch)")
   parser.add_argument("--devices_per_process", type=int, default=None, help="local: CPU devices each")
   sweep.add_launcher_flags(parser)
   args, rest = sweep.parse_with_overrides(parser, argv, "fixed keys")
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
   trainer, start, poll = sweep.TRAINER, search_trial.start_local, 0.5
   if args.processes > 1:
     devices = [f"--devices_per_process={args.devices_per_process}"] if args.devices_per_process else []
-    trainer = (sys.executable, "-m", "train.launch", f"--processes={args.processes}", *devices, "--")
+    trainer = (sys.executable, "-m", "jobs.launch", f"--processes={args.processes}", *devices, "--")
   if args.launcher == "slurm":
     try:
       start, poll = slurm.trial_starter(slurm.options_from(args)), 5.0

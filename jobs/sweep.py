@@ -1,6 +1,6 @@
-"""`python -m train.sweep`: run every trial of an experiment's sweep, each as its own run directory.
+"""`python -m jobs.sweep`: run every trial of an experiment's sweep, each as its own run directory.
 
-    python -m train.sweep --config experiments/table3.py --workdir runs/table3 [--parallel N] \\
+    python -m jobs.sweep --config experiments/table3.py --workdir runs/table3 [--parallel N] \\
         [--only base,C_N2] [--config.data.tfds_data_dir=DIR ...]
 
 The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (arg: the ':arg' of
@@ -17,7 +17,7 @@ experiment file has a PAPER dict keyed by trial name) and prints where they are.
 Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop; rerun to go on.
 
 --launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
-see train/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
+see jobs/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
 queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
 results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them again.
 """
@@ -38,11 +38,11 @@ import time
 import experiments
 from run import config as config_io
 from run import metrics as metrics_io
-from run.workdir import RunDirLocked, RunLock, write_atomically
-from train.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 from run.user_errors import UserError, reported
-from train import slurm
+from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.signals import SignalFlag
+from jobs import slurm
+from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
 STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
@@ -169,7 +169,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
 
   shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
   trainer: the command that trains one trial (tests substitute a fast fake); start(command, trial_dir,
-  log) -> a Popen-like handle runs it (default: a local subprocess; train.slurm.trial_starter: a job).
+  log) -> a Popen-like handle runs it (default: a local subprocess; jobs.slurm.trial_starter: a job).
   Writes the results table and plot at the end, also after an interruption.
   """
   workdir = pathlib.Path(workdir).absolute()
@@ -187,7 +187,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
   try:
     lock = RunLock(workdir).acquire()
   except RunDirLocked:
-    raise RunDirLocked(f"another `python -m train.sweep` is running in {workdir}; wait for it or stop "
+    raise RunDirLocked(f"another `python -m jobs.sweep` is running in {workdir}; wait for it or stop "
                        f"it") from None
 
   todo = []
@@ -284,7 +284,7 @@ def _jsonable(overrides: dict) -> dict:
 # Command line.
 # ------------------------------------------------------------------------------------------------------
 def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
-  """--launcher local|slurm and the SLURM flags (train/slurm.py), as train.sweep and train.search take them."""
+  """--launcher local|slurm and the SLURM flags (jobs/slurm.py), as jobs.sweep and jobs.search take them."""
   parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                       help="local subprocesses (default) or one SLURM job per trial")
   slurm.add_flags(parser)
@@ -309,7 +309,7 @@ def experiment_parser(prog: str, doc: str, epilog: str, *, config_help: str, wor
 
 def main(argv=None) -> int:
   parser = experiment_parser(
-      "python -m train.sweep", __doc__,
+      "python -m jobs.sweep", __doc__,
       "Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).",
       config_help="experiment file[:arg] with a sweep() function",
       workdir_help="sweep directory; trial NAME runs in DIR/NAME")

@@ -1,6 +1,6 @@
-"""`python -m train.launch`: a multi-process job on this machine, the way a cluster would start one.
+"""`python -m jobs.launch`: a multi-process job on this machine, the way a cluster would start one.
 
-    python -m train.launch --processes 2 --devices_per_process 4 -- \\
+    python -m jobs.launch --processes 2 --devices_per_process 4 -- \\
         --config experiments/default.py:smoke --workdir /tmp/mp
 
 starts N copies of `python -m train <flags>` with a coordinator on 127.0.0.1 (a free port) and, with
@@ -120,8 +120,8 @@ def _stop(children) -> None:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m train.launch", description=__doc__.split("\n\n")[0],
-                                   usage="python -m train.launch --processes N [--devices_per_process K] "
+  parser = argparse.ArgumentParser(prog="python -m jobs.launch", description=__doc__.split("\n\n")[0],
+                                   usage="python -m jobs.launch --processes N [--devices_per_process K] "
                                          "-- TRAIN_FLAGS")
   parser.add_argument("--processes", type=int, required=True, help="how many processes")
   parser.add_argument("--devices_per_process", type=int, default=None,
