@@ -45,7 +45,18 @@ def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOIN
                                          enable_async_checkpointing=async_save)
   handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
               "meta": ocp.JsonCheckpointHandler()}
-  return ocp.CheckpointManager(path, item_handlers=handlers, options=options)
+  absl = logging.getLogger("absl")
+  absl.addFilter(_not_read_only_notice)
+  try:
+    return ocp.CheckpointManager(path, item_handlers=handlers, options=options)
+  finally:
+    absl.removeFilter(_not_read_only_notice)
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  """Orbax logs `Given directory is read only=DIR` at WARNING for every manager opened to read (decoding,
+  averaging, the test BLEU of the average): reading is what we asked for, not something to warn about."""
+  return not record.getMessage().startswith("Given directory is read only")
 
 
 def save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dict) -> None:

@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -314,3 +315,13 @@ def test_the_old_train_commands_name_their_new_place(command, tmp_path):
   code, lines, stdout = run(f"train.{command}", "--config", SMOKE, "--workdir", str(tmp_path / "w"), cwd=tmp_path)
   assert_user_error((code, lines, stdout), f"python -m jobs.{command}")
   assert len(lines) == 1 and stdout == "" and not (tmp_path / "w").exists()
+
+
+def test_a_warning_inside_an_entry_point_reads_as_one_line(capsys):
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    before = warnings.showwarning
+    with user_errors.reported():
+      warnings.warn("config.data train: skipped 3 pairs:\n  3 longer than max_len=8 tokens", stacklevel=1)
+    assert warnings.showwarning is before   # the usual format again once the entry point is done
+  assert capsys.readouterr().err == "warning: config.data train: skipped 3 pairs: 3 longer than max_len=8 tokens\n"
