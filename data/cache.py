@@ -138,20 +138,24 @@ def checked(path) -> tuple[dict | None, str | None]:
     return None, "absent"
   try:
     meta = json.loads((path / "meta.json").read_text())
-    sizes, recorded = _sizes(meta), meta["files"]
+    if meta["format"] != FORMAT:
+      return None, f"meta.json says format {meta['format']}, not {FORMAT}"
+    sizes = _sizes(meta)
+    records = {name: (int(meta["files"][name]["bytes"]), int(meta["files"][name]["crc32"])) for name in _FILES}
   except FileNotFoundError:
     return None, "meta.json is missing"
   except (OSError, ValueError, KeyError, TypeError) as error:
     return None, f"meta.json is unreadable: {type(error).__name__}"
-  if meta.get("format") != FORMAT:
-    return None, f"meta.json says format {meta.get('format')}, not {FORMAT}"
   for name in _FILES:
-    file, record = path / name, recorded.get(name, {})
-    size = file.stat().st_size if file.is_file() else None
-    if size is None or size != record.get("bytes") or size != sizes[name]:
-      return None, f"{name} has {size} bytes, {record.get('bytes')} recorded, {sizes[name]} by the counts"
-    if size <= CHECKSUM_MAX_BYTES and _crc32(file) != record.get("crc32"):
-      return None, f"{name} does not match its recorded crc32"
+    (recorded, crc), file = records[name], path / name
+    try:
+      size = file.stat().st_size
+      if size != recorded or size != sizes[name]:
+        return None, f"{name} has {size} bytes, {recorded} recorded, {sizes[name]} by the counts"
+      if size <= CHECKSUM_MAX_BYTES and _crc32(file) != crc:
+        return None, f"{name} does not match its recorded crc32"
+    except OSError as error:
+      return None, f"{name} is unreadable: {error.strerror or type(error).__name__}"
   return meta, None
 
 

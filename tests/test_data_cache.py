@@ -245,6 +245,7 @@ def _flip_a_byte(file):
     ("numbers", lambda file: file.unlink()),                       # a file gone
     ("meta.json", lambda file: file.write_text('{"format": 2, "pai')),   # half-written
     ("meta.json", lambda file: _edit_meta(file, pairs=PAIRS - 1)),     # parses, but counts one pair less
+    ("meta.json", lambda file: _edit_meta(file, files=[])),            # parses, but records no file
 ])
 def test_a_damaged_token_cache_is_made_again_with_a_one_line_notice(corpus, tmp_path, capsys, name, damage):
   config = _config(corpus, tmp_path)
