@@ -266,7 +266,7 @@ def _cached_vocab(path: pathlib.Path) -> tuple[bytes | None, dict | None, str | 
   except (OSError, ValueError, KeyError, TypeError) as error:
     return None, None, f"{type(error).__name__} reading it or its .json"
   if len(model) != size or hashlib.sha256(model).hexdigest() != digest or not isinstance(info, dict):
-    return None, None, f"{len(model)} bytes that do not match the {size} and sha256 recorded"
+    return None, None, f"{len(model)} bytes that do not match its record ({size} bytes, a sha256, the info)"
   return model, info, None
 
 
