@@ -41,7 +41,10 @@ def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOIN
   Saving is asynchronous: `save` returns once the arrays are copied off the devices.
   """
   path = pathlib.Path(workdir).absolute() / directory
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
+  # A reader asks for no saving (save_interval_steps=0, no max_to_keep) itself: Orbax would otherwise
+  # change those settings and log a warning for each.
+  options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+                                         read_only=read_only, save_interval_steps=0 if read_only else 1,
                                          enable_async_checkpointing=async_save)
   handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
               "meta": ocp.JsonCheckpointHandler()}

@@ -127,5 +127,5 @@ def test_a_manager_opened_to_read_logs_no_warning_and_leaves_other_warnings_alon
   with caplog.at_level(logging.WARNING):
     ckpt.make_manager(tmp_path, read_only=True).close()
     logging.getLogger("absl").warning("Given directory is read only=%s, said after the manager", tmp_path)
-  assert [r.getMessage() for r in caplog.records if "read only" in r.getMessage()] == [
+  assert [r.getMessage() for r in caplog.records if "read only" in r.getMessage() or "read_only" in r.getMessage()] == [
       f"Given directory is read only={tmp_path}, said after the manager"]
