@@ -16,6 +16,12 @@ that the next build removes, never a directory a run would read. One process mak
 `<name>.lock` (fcntl.flock, on the shared filesystem); any other process, run or host waits for the lock
 and then reads what it made. The root is config.data.cache_dir, else $AIAYN_DATA_CACHE, else
 ~/.cache/aiayn/tokens.
+
+Every read checks the entry against what meta.json recorded when it was made (each file's size, and its
+crc32 where the file is under CHECKSUM_MAX_BYTES; vocab-<key>.json records the vocabulary's size and
+sha256). A damaged entry (truncated, half-written, an unreadable meta.json) is moved aside and made again
+with a one-line notice; one that cannot be moved aside, or a root that cannot be written, ends in a
+one-line DataError that says what to delete or set. A run never reads tokens that fail the check.
 """
 from __future__ import annotations
 
@@ -28,17 +34,20 @@ import os
 import pathlib
 import random
 import shutil
+import zlib
 
 import numpy as np
 import tqdm
 
 from data import vocab as vocab_lib
-from data.sources import open_split
+from data.sources import DataError, open_split
 from data.tokens import Side, TokenPairs
 
-FORMAT = 1            # bumped when the layout changes: an older cache is then made again
+FORMAT = 2            # bumped when the layout changes: an older cache is then made again (2: checks)
 _CHUNK = 20_000       # pairs tokenized at a time (bounds the builder's memory)
 _SIDES = ("src", "tgt")
+_FILES = ("src.ids", "tgt.ids", "src.lengths", "tgt.lengths", "src.offsets", "tgt.offsets", "numbers")
+CHECKSUM_MAX_BYTES = 64 << 20   # a file up to this size is checksummed at every read; a larger one by size
 
 
 def cache_root(data_config) -> pathlib.Path:
@@ -53,9 +62,15 @@ def _key(*parts) -> str:
 
 @contextlib.contextmanager
 def _locked(path: pathlib.Path, what: str):
-  """Holds an exclusive flock on `path` (waiting, and saying so, while another process holds it)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "a+") as handle:
+  """Holds an exclusive flock on `path` (waiting, and saying so, while another process holds it).
+  Raises DataError when the cache root cannot be written."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")
+  except OSError as error:
+    raise DataError(f"the data cache {path.parent} cannot be written ({error.strerror or error}): set "
+                    f"config.data.cache_dir (or $AIAYN_DATA_CACHE) to a folder you can write") from None
+  with handle:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -75,23 +90,87 @@ def split_dir(data_config, vocab, split: str, reader=None) -> pathlib.Path:
 
 
 def tokenized(data_config, vocab, split: str = "train") -> TokenPairs:
-  """The split tokenized with vocab, memory-mapped from its cache; made first if absent (see the
-  module docstring), reporting bad lines by file:line and showing pairs/s as it goes."""
+  """The split tokenized with vocab, memory-mapped from its cache; made first if absent or damaged (see
+  the module docstring), reporting bad lines by file:line and showing pairs/s as it goes."""
   reader = open_split(data_config, split)
   path = split_dir(data_config, vocab, split, reader)
-  if not (path / "meta.json").exists():
+  meta, problem = checked(path)
+  if problem:
     with _locked(path.with_name(path.name + ".lock"), f"tokenizing {split}"):
-      if not (path / "meta.json").exists():   # another process may have made it while we waited
+      meta, problem = checked(path)   # another process may have made it while we waited
+      if problem:
+        if path.exists():
+          print(f"[data] the token cache {path} is damaged ({problem}); making it again", flush=True)
+          _set_aside(path, problem)
         build_cache(reader, vocab, path, split)
-  return open_cache(path)
+        meta, problem = checked(path)
+  if problem:   # just made, and already failing its check: the disk is at fault, not the cache
+    raise DataError(f"the token cache {path} fails its check right after it was made ({problem}): "
+                    f"delete it and check the disk under {path.parent}")
+  return _open(path, meta)
 
 
-def open_cache(path) -> TokenPairs:
-  """A made cache directory -> TokenPairs over memory maps (nothing read until used)."""
+def _crc32(path: pathlib.Path) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    while block := f.read(1 << 20):
+      crc = zlib.crc32(block, crc)
+  return crc
+
+
+def _sizes(meta: dict) -> dict:
+  """{file: the bytes it must have} by meta.json's counts and dtypes."""
+  n = int(meta["pairs"])
+  sizes = {"numbers": 8 * n}
+  for side in _SIDES:
+    sizes[f"{side}.ids"] = np.dtype(meta["dtype"]).itemsize * int(meta["tokens"][side])
+    sizes[f"{side}.offsets"] = 8 * (n + 1)
+    sizes[f"{side}.lengths"] = np.dtype(meta["length_dtype"][side]).itemsize * n
+  return sizes
+
+
+def checked(path) -> tuple[dict | None, str | None]:
+  """(meta, None) for a whole cache directory; (None, what is wrong) for one that is absent or fails the
+  check against its meta.json: each file's size as recorded and as the counts imply, and its crc32 where
+  the file is at most CHECKSUM_MAX_BYTES."""
   path = pathlib.Path(path)
-  meta = json.loads((path / "meta.json").read_text())
-  if meta.get("format") != FORMAT:
-    raise ValueError(f"{path}: cache format {meta.get('format')}, expected {FORMAT}; delete it")
+  if not path.exists():
+    return None, "absent"
+  try:
+    meta = json.loads((path / "meta.json").read_text())
+    if meta["format"] != FORMAT:
+      return None, f"meta.json says format {meta['format']}, not {FORMAT}"
+    sizes = _sizes(meta)
+    records = {name: (int(meta["files"][name]["bytes"]), int(meta["files"][name]["crc32"])) for name in _FILES}
+  except FileNotFoundError:
+    return None, "meta.json is missing"
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    return None, f"meta.json is unreadable: {type(error).__name__}"
+  for name in _FILES:
+    (recorded, crc), file = records[name], path / name
+    try:
+      size = file.stat().st_size
+      if size != recorded or size != sizes[name]:
+        return None, f"{name} has {size} bytes, {recorded} recorded, {sizes[name]} by the counts"
+      if size <= CHECKSUM_MAX_BYTES and _crc32(file) != crc:
+        return None, f"{name} does not match its recorded crc32"
+    except OSError as error:
+      return None, f"{name} is unreadable: {error.strerror or type(error).__name__}"
+  return meta, None
+
+
+def _set_aside(path: pathlib.Path, problem: str) -> None:
+  """Moves a damaged cache directory out of the way (then deletes it); refuses in one line if it cannot."""
+  aside = path.with_name(f"{path.name}.damaged-{os.getpid()}")
+  try:
+    os.replace(path, aside)
+  except OSError as error:
+    raise DataError(f"the token cache {path} is damaged ({problem}) and cannot be moved aside "
+                    f"({error.strerror or error}): delete it and run again") from None
+  shutil.rmtree(aside, ignore_errors=True)
+
+
+def _open(path: pathlib.Path, meta: dict) -> TokenPairs:
   n = int(meta["pairs"])
   # Plain ndarray views of the maps: np.memmap's own indexing costs more than a batch's gathers.
   mapped = lambda name, dtype, count: (np.asarray(np.memmap(path / name, dtype, "r", shape=(count,)))
@@ -109,8 +188,7 @@ def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
   tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
   tmp.mkdir(parents=True)
   dtype = np.uint16 if vocab.size <= 2 ** 16 else np.int32
-  files = {name: open(tmp / name, "wb") for name in
-           ("src.ids", "tgt.ids", "src.lengths", "tgt.lengths", "src.offsets", "tgt.offsets", "numbers")}
+  files = {name: open(tmp / name, "wb") for name in _FILES}
   totals, longest, pairs = {"src": 0, "tgt": 0}, {"src": 0, "tgt": 0}, 0
   for side in _SIDES:
     np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
@@ -141,7 +219,8 @@ def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
     length_dtypes[side] = "uint16" if longest[side] < 2 ** 16 - 8 else "int32"
   meta = {"format": FORMAT, "split": split, "pairs": pairs, "tokens": totals, "dtype": np.dtype(dtype).name,
           "length_dtype": length_dtypes, "origin": reader.origin, "vocab": vocab.fingerprint,
-          "corpus": reader.fingerprint()}
+          "corpus": reader.fingerprint(),
+          "files": {name: {"bytes": (tmp / name).stat().st_size, "crc32": _crc32(tmp / name)} for name in _FILES}}
   (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
   for name in tmp.iterdir():   # on disk before the rename makes the cache visible
     handle = os.open(name, os.O_RDONLY)
@@ -175,18 +254,41 @@ def vocab_sample(data_config, sample_sentences: int, seed: int):
   return [found[i // 2][i % 2] for i in drawn], pairs
 
 
+def _cached_vocab(path: pathlib.Path) -> tuple[bytes | None, dict | None, str | None]:
+  """(model bytes, info, None) for a whole cached vocabulary; (None, None, what is wrong) for one that is
+  absent or does not match the size and sha256 its .json recorded."""
+  record_path = path.with_suffix(".json")
+  if not path.exists() and not record_path.exists():
+    return None, None, "absent"
+  try:
+    record, model = json.loads(record_path.read_text()), path.read_bytes()
+    info, size, digest = record["info"], record["bytes"], record["sha256"]
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    return None, None, f"{type(error).__name__} reading it or its .json"
+  if len(model) != size or hashlib.sha256(model).hexdigest() != digest or not isinstance(info, dict):
+    return None, None, f"{len(model)} bytes that do not match its record ({size} bytes, a sha256, the info)"
+  return model, info, None
+
+
 def train_vocab_cached(data_config):
   """(model bytes, info): the vocabulary config.data describes, trained on `vocab_sample` of the
   training split; taken from the cache root where a run with the same corpus and settings made it
-  (sweep trials, a new run directory), else trained and kept there. info records the sample."""
+  (sweep trials, a new run directory) and it matches its record, else trained and kept there (a damaged
+  one again, with a one-line notice). info records the sample."""
   settings = {key: data_config.get(key, default) for key, default in (
       ("vocab_size", 0), ("vocab_seed", 0), ("vocab_sample_sentences", 0), ("vocab_model_type", "bpe"))}
   reader = open_split(data_config, "train")
   key = _key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values())
   path = cache_root(data_config) / f"vocab-{key}.model"
+  model, info, problem = _cached_vocab(path)
+  if not problem:
+    return model, info
   with _locked(path.with_suffix(".lock"), "the vocabulary"):
-    if path.exists() and path.with_suffix(".json").exists():
-      return path.read_bytes(), json.loads(path.with_suffix(".json").read_text())
+    model, info, problem = _cached_vocab(path)   # another process may have made it while we waited
+    if not problem:
+      return model, info
+    if problem != "absent":
+      print(f"[data] the cached vocabulary {path} is damaged ({problem}); training it again", flush=True)
     texts, pairs = vocab_sample(data_config, int(settings["vocab_sample_sentences"]),
                                 int(settings["vocab_seed"]))
     size = int(settings["vocab_size"]) or vocab_lib.auto_vocab_size(pairs)   # 0: by corpus size
@@ -194,7 +296,9 @@ def train_vocab_cached(data_config):
                                   sample_sentences=len(texts), model_type=settings["vocab_model_type"])
     info = {**settings, "pieces": size, "corpus_pairs": pairs, "corpus_sentences": 2 * pairs,
             "sample_sentences": len(texts)}
-    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+    # The record first, then the model: a crash between them leaves a pair that fails the check.
+    record = {"info": info, "bytes": len(model), "sha256": hashlib.sha256(model).hexdigest()}
+    path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(model)
     os.replace(tmp, path)

@@ -118,8 +118,8 @@ def get_config(arg=None):
 
 
 def search_space(trial):
-  """`python -m train.search --config experiments/default.py --workdir runs/search --trials 24`: the
-  training keys this file tunes by hand, each named by its config key (train/search_trial.py)."""
+  """`python -m jobs.search --config experiments/default.py --workdir runs/search --trials 24`: the
+  training keys this file tunes by hand, each named by its config key (jobs/search_trial.py)."""
   return {
       "train.learning_rate": trial.suggest_float("train.learning_rate", 5e-4, 8e-3, log=True),
       "train.warmup_steps": trial.suggest_int("train.warmup_steps", 50, 400, step=50),

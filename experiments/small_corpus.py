@@ -102,9 +102,9 @@ def get_config(arg=None):
 
 
 def search_space(trial):
-  """`python -m train.search --config experiments/small_corpus.py --workdir runs/search --trials 24
+  """`python -m jobs.search --config experiments/small_corpus.py --workdir runs/search --trials 24
   --config.data.train_path=... (dev_path, test_path)`: the keys tuned by hand above, each named by its
-  config key (train/search_trial.py); steps and model size stay, so every trial costs the same."""
+  config key (jobs/search_trial.py); steps and model size stay, so every trial costs the same."""
   return {
       "train.learning_rate": trial.suggest_float("train.learning_rate", 2e-3, 2e-2, log=True),
       "train.warmup_steps": trial.suggest_int("train.warmup_steps", 100, 400, step=50),

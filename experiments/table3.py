@@ -1,12 +1,12 @@
 """Table 3 of the paper: variations on the base model, WMT14 EN-DE, scored on newstest2013 (dev).
 
 Command (20 trials, each its own run directory under runs/table3/<trial>; see REPRODUCING.md):
-  python -m train.sweep --config experiments/table3.py --workdir runs/table3 --parallel 1 \\
+  python -m jobs.sweep --config experiments/table3.py --workdir runs/table3 --parallel 1 \\
       --config.data.tfds_data_dir=DIR
   One trial alone:   python -m train --config experiments/table3.py --workdir runs/table3/A_h1 \\
       --config.model.num_heads=1 --config.model.d_k=512 --config.model.d_v=512 ...
 Smoke (two tiny trials on the embedded corpus, ~1 minute on 2 CPU cores):
-  python -m train.sweep --config experiments/table3.py:smoke --workdir /tmp/table3_smoke --parallel 2
+  python -m jobs.sweep --config experiments/table3.py:smoke --workdir /tmp/table3_smoke --parallel 2
 Args: ARGS below ('base' is the default: the base model, which every trial overrides).
 
 CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a second seed of base, shrunk
@@ -16,7 +16,7 @@ CPU variant ('cpu', or 'cpu,corpus=DIR'; docs/table3.md): every row plus a secon
   d_model^-0.5 * 4000^-0.5 as the paper's schedule, warmup a tenth of the steps, cosine decay. Corpus: DIR (default corpus/po_ende) made by
   `python scripts/build_po_corpus.py --lang de --out corpus/po_ende` (81k en-de software messages), read
   through the 'files' source; the embedded corpus is too easy for regularisation or capacity to matter.
-  python -m train.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu
+  python -m jobs.sweep --config experiments/table3.py:cpu --workdir runs/table3_cpu
   Expected (docs/table3.md, docs/table3_cpu/results.md): base dev PPL 270.7 and 277.6 (two
   seeds); by perplexity 10 rows agree with the paper's direction, 7 disagree, 2 tie: the effects of width
   (d_model, d_ff, big) and of d_k and label smoothing reproduce; dropout, depth, heads and learned
@@ -31,10 +31,10 @@ Past one pass ('cpu_overfit', or 'cpu_overfit,corpus=DIR'; docs/table3.md): the 
   OVERFIT_LR_SCALE=2 x the cpu variant's, dev loss every 200 steps and dev BLEU at step 1,800, both on
   the first OVERFIT_DEV_PAIRS=500 dev pairs. Two passes (the issue asks for two seeds of base and of
   every row that disagrees or ties): the first trains every row once and base twice (21 trials); then
-  second_seed_rows(DIR/results.csv) names the rows whose perplexity verdict is a tie or a disagreement,
-  they go into OVERFIT_SECOND_SEED (the seven that disagreed, 2026-11-26), and the same command trains
-  their <row>_seed1.
-  python -m train.sweep --config experiments/table3.py:cpu_overfit,corpus=$PWD/corpus/po_ende \
+  jobs.sweep_directions.second_seed_rows(DIR/results.csv, rows, BASELINE) names the rows whose
+  perplexity verdict is a tie or a disagreement, they go into OVERFIT_SECOND_SEED (the seven that
+  disagreed), and the same command trains their <row>_seed1.
+  python -m jobs.sweep --config experiments/table3.py:cpu_overfit,corpus=$PWD/corpus/po_ende \
       --workdir runs/table3_overfit --launcher slurm --cpus_per_task 4 --time 180
   (the local cluster's node claims 8 CPUs, so --cpus_per_task 4 runs two trials at a time, 8 one.)
   Expected (docs/table3.md, docs/table3_overfit/results.md): the base row's dev BLEU 10.3 and 11.6 at
@@ -97,7 +97,7 @@ PAPER = {
 
 
 # The rows whose mean is the reference each row's effect is measured against, and whose spread (max - min)
-# is the noise: a difference within it is a tie (train/sweep_directions.py). The cpu variant trains base
+# is the noise: a difference within it is a tie (jobs/sweep_directions.py). The cpu variant trains base
 # twice; the full-size sweep trains it once (no spread: every difference counts).
 BASELINE = ("base", "base_seed1")
 
@@ -224,38 +224,10 @@ OVERFIT_LR_SCALE = 2.0         # x the paper's peak (cpu_peak_lr); 4x learned no
 OVERFIT_DEV_PAIRS = 500        # dev loss and BLEU on the first 500 (shuffled) dev pairs: a decode of all
                                # 2,511 costs minutes on 2 shared cores
 # The rows that train a second seed (<row>_seed1): those whose perplexity verdict in the first pass (every
-# row once, base twice) is a tie or a disagreement, as second_seed_rows reads them from its results.csv.
-# A row's verdict depends only on its own first seed and the base rows, so rows can be added as their first
-# seeds finish: these seven disagreed by perplexity in the first pass (docs/table3.md, 2026-11-26).
+# row once, base twice) is a tie or a disagreement, as jobs.sweep_directions.second_seed_rows reads them
+# from its results.csv. A row's verdict depends only on its own first seed and the base rows, so rows can be
+# added as their first seeds finish: these seven disagreed by perplexity in the first pass (docs/table3.md).
 OVERFIT_SECOND_SEED = ("A_h1", "A_h4", "A_h16", "C_N4", "C_N8", "D_drop0.2", "E_learned")
-
-
-def second_seed_rows(results_csv, metric: str = "ppl") -> tuple:
-  """The rows of a cpu_overfit first pass whose `metric` verdict ('ppl' or 'bleu') is 'tie' or 'disagree'.
-
-  results_csv: the results.csv train.sweep writes (one line per trial: trial, status, dev_ppl, dev_bleu,
-  paper_ppl, paper_bleu, ...). Verdicts as results.md gives them (train/sweep_directions.py: each row's
-  first seed against the mean and spread of BASELINE, the paper's row against its base). Returns the
-  rows in the sweep's order, for OVERFIT_SECOND_SEED. Raises ValueError naming the rows or baseline trials
-  that have no result yet: the first pass must be complete before its verdicts choose.
-  """
-  import csv                                  # here, not at the top: a config load does not need them
-  from train import sweep_directions
-  numbers = ("dev_ppl", "dev_bleu", "test_bleu", "paper_ppl", "paper_bleu")
-  with open(results_csv, newline="") as f:
-    rows = [{k: (float(v) if v else None) if k in numbers else v for k, v in line.items()}
-            for line in csv.DictReader(f)]
-  by_name = {r["trial"]: r for r in rows}
-  first = [name for name, _ in full_size_rows()]                  # base included
-  first_pass = first + [name for name in BASELINE if name not in first]
-  key = "dev_ppl" if metric == "ppl" else sweep_directions.bleu_key(rows)
-  missing = [name for name in first_pass if by_name.get(name, {}).get(key) is None]
-  if missing:
-    raise ValueError(f"second_seed_rows: {results_csv} has no {key} for {missing}: finish the first pass "
-                     f"(rerun the sweep; finished trials are skipped) before choosing second seeds")
-  table = sweep_directions.directions([by_name[name] for name in first_pass], BASELINE)
-  doubtful = {r["trial"] for r in table if r[f"verdict_{metric}"] in ("tie", "disagree")}
-  return tuple(name for name in first if name in doubtful)
 
 
 def slice_lines(lines: list, pairs: int) -> list:
@@ -364,7 +336,7 @@ def sweep(add, arg=None):
 
   'cpu': the same rows through scale_to_cpu, plus base_seed1 (base with seed 1) for the noise.
   'cpu_overfit': the same, shrunk by the overfit rule, then <row>_seed1 for each row in
-  OVERFIT_SECOND_SEED (chosen by second_seed_rows from the first pass's verdicts).
+  OVERFIT_SECOND_SEED (chosen by jobs.sweep_directions.second_seed_rows from the first pass's verdicts).
   """
   name, corpus = _parse_arg(arg)
   if name == "smoke":

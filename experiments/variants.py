@@ -1,8 +1,8 @@
 """The family on the default translation task, one switch at a time from the default experiment (as the
 paper's Table 3 varies one thing at a time from its base model), or the whole grid (docs/family.md).
 
-Command:  python -m train.sweep --config experiments/variants.py --workdir runs/variants   (11 trials)
-          the grid: python -m train.sweep --config experiments/variants.py:grid --workdir runs/variants_grid
+Command:  python -m jobs.sweep --config experiments/variants.py --workdir runs/variants   (11 trials)
+          the grid: python -m jobs.sweep --config experiments/variants.py:grid --workdir runs/variants_grid
           (positions x attention x FFN = 5 x 3 x 4 = 60 trials)
           one trial: python -m train --config experiments/variants.py --config.model.positions=rope
 Expected (docs/variants/results.md): base = the default experiment (test BLEU 97.94); RoPE

@@ -41,11 +41,25 @@ def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOIN
   Saving is asynchronous: `save` returns once the arrays are copied off the devices.
   """
   path = pathlib.Path(workdir).absolute() / directory
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
+  # A reader asks for no saving (save_interval_steps=0, no max_to_keep) itself: Orbax would otherwise
+  # change those settings and log a warning for each.
+  options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+                                         read_only=read_only, save_interval_steps=0 if read_only else 1,
                                          enable_async_checkpointing=async_save)
   handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
               "meta": ocp.JsonCheckpointHandler()}
-  return ocp.CheckpointManager(path, item_handlers=handlers, options=options)
+  absl = logging.getLogger("absl")
+  absl.addFilter(_not_read_only_notice)
+  try:
+    return ocp.CheckpointManager(path, item_handlers=handlers, options=options)
+  finally:
+    absl.removeFilter(_not_read_only_notice)
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  """Orbax logs `Given directory is read only=DIR` at WARNING for every manager opened to read (decoding,
+  averaging, the test BLEU of the average): reading is what we asked for, not something to warn about."""
+  return not record.getMessage().startswith("Given directory is read only")
 
 
 def save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dict) -> None:

@@ -1,4 +1,5 @@
 """Checkpoints: exact round trip, fallback past a damaged checkpoint, load_params, averaging, the lock."""
+import logging
 import pathlib
 
 import jax
@@ -119,3 +120,12 @@ def test_second_trainer_on_a_run_dir_is_refused(tmp_path):
   with run_dir.RunLock(tmp_path):   # released: free again
     pass
   assert (pathlib.Path(tmp_path) / "LOCK").exists()
+
+
+def test_a_manager_opened_to_read_logs_no_warning_and_leaves_other_warnings_alone(tmp_path, caplog):
+  (tmp_path / ckpt.CHECKPOINTS).mkdir()
+  with caplog.at_level(logging.WARNING):
+    ckpt.make_manager(tmp_path, read_only=True).close()
+    logging.getLogger("absl").warning("Given directory is read only=%s, said after the manager", tmp_path)
+  assert [r.getMessage() for r in caplog.records if "read only" in r.getMessage() or "read_only" in r.getMessage()] == [
+      f"Given directory is read only={tmp_path}, said after the manager"]

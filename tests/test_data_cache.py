@@ -13,6 +13,7 @@ import pytest
 from data import cache, load_pairs, make_train_iterator, synthetic, tokenized
 from data import vocab as vocab_lib
 from data.batching import packing_cuts
+from data.sources import DataError
 from experiments.default import get_config
 from run import get_vocab
 
@@ -219,3 +220,91 @@ def test_cuts_are_the_groups_of_adding_one_pair_at_a_time(cap):
   np.testing.assert_array_equal(packing_cuts(src, tgt, 40, cap), expected)
   order = rng.permutation(len(src))[:100_000]
   np.testing.assert_array_equal(packing_cuts(src, tgt, 40, cap, order=order), packing_cuts(src[order], tgt[order], 40, cap))
+
+
+# ------------------------------------------------------------------------------------------------------
+# A damaged cache: each case ends rebuilt with a one-line notice, or in one line naming what to delete.
+# ------------------------------------------------------------------------------------------------------
+def _truncate(file):
+  file.write_bytes(file.read_bytes()[:-3])
+
+
+def _edit_meta(file, **changes):
+  file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+def _flip_a_byte(file):
+  data = bytearray(file.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("src.ids", _truncate),                                        # a truncated array
+    ("tgt.lengths", _flip_a_byte),                                 # same size, other bytes: the crc32
+    ("numbers", lambda file: file.unlink()),                       # a file gone
+    ("meta.json", lambda file: file.write_text('{"format": 2, "pai')),   # half-written
+    ("meta.json", lambda file: _edit_meta(file, pairs=PAIRS - 1)),     # parses, but counts one pair less
+    ("meta.json", lambda file: _edit_meta(file, files=[])),            # parses, but records no file
+])
+def test_a_damaged_token_cache_is_made_again_with_a_one_line_notice(corpus, tmp_path, capsys, name, damage):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  path = cache.split_dir(config, vocab, "train")
+  whole = tokenized(config, vocab)
+  expected = {side: getattr(whole, side).ids.copy() for side in ("src", "tgt")}
+  capsys.readouterr()
+  damage(path / name)
+  assert cache.checked(path)[1] not in (None, "absent")
+  again = tokenized(config, vocab)
+  notice = [line for line in capsys.readouterr().out.splitlines() if " is damaged " in line]
+  assert len(notice) == 1 and str(path) in notice[0] and "making it again" in notice[0]
+  assert cache.checked(path)[1] is None and len(again) == len(whole)
+  for side in ("src", "tgt"):
+    np.testing.assert_array_equal(getattr(again, side).ids, expected[side])
+  assert not list(path.parent.glob("*.damaged-*"))
+
+
+def test_a_damaged_cache_that_cannot_be_moved_aside_is_refused_in_one_line(corpus, tmp_path, monkeypatch):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  path = cache.split_dir(config, vocab, "train")
+  tokenized(config, vocab)
+  _truncate(path / "tgt.ids")
+
+  def refused(src, dst):
+    raise PermissionError(13, "Permission denied")
+  monkeypatch.setattr(cache.os, "replace", refused)
+  with pytest.raises(DataError) as error:
+    tokenized(config, vocab)
+  message = str(error.value)
+  assert "\n" not in message and str(path) in message and "tgt.ids" in message and "delete it" in message
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_byte, lambda file: file.with_suffix(".json").write_text("{")])
+def test_a_damaged_cached_vocabulary_is_trained_again_with_a_one_line_notice(corpus, tmp_path, capsys, damage):
+  config = _config(corpus, tmp_path)
+  model, info = cache.train_vocab_cached(config)
+  (path,) = (tmp_path / "cache").glob("vocab-*.model")
+  damage(path)
+  capsys.readouterr()
+  again, again_info = cache.train_vocab_cached(config)
+  notice = [line for line in capsys.readouterr().out.splitlines() if " is damaged " in line]
+  assert len(notice) == 1 and str(path) in notice[0] and "training it again" in notice[0]
+  assert (again, again_info) == (model, info) and path.read_bytes() == model
+  assert vocab_lib.Vocab(again).size == vocab_lib.Vocab(model).size
+
+
+def test_a_cache_root_that_cannot_be_written_is_refused_in_one_line(corpus, tmp_path):
+  (tmp_path / "a_file").write_text("not a folder")
+  config = _config(corpus, tmp_path, cache_dir=str(tmp_path / "a_file" / "cache"))   # even root cannot
+  for make in (cache.train_vocab_cached, lambda c: tokenized(c, vocab_lib.Vocab(_model(corpus, tmp_path)))):
+    with pytest.raises(DataError) as error:
+      make(config)
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / "a_file" / "cache") in message
+    assert "config.data.cache_dir" in message and "cannot be written" in message
+
+
+def _model(corpus, tmp_path):
+  return cache.train_vocab_cached(_config(corpus, tmp_path))[0]

@@ -1,6 +1,6 @@
 """Dependencies point one way: data, kernels <- model <- run <- decode <- train, export <- experiments <- the
-command lines that load experiments (python -m train, train.sweep, benchmarks); see docs/runs.md.
-Reads every module's imports (also those inside functions) with ast.
+command lines that load experiments (python -m train; jobs/: launch, SLURM, sweeps and searches;
+benchmarks); see docs/runs.md. Reads every module's imports (also those inside functions) with ast.
 """
 import ast
 import pathlib
@@ -10,15 +10,14 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Rank of each top-level package (or module): a module may import its own package and lower ranks only.
 # train imports decode (its dev/test BLEU is `translate`); experiments take decode's DEFAULTS; the command
-# lines that load experiments (python -m train, python -m train.sweep, benchmarks) sit on top.
+# lines that load experiments (python -m train, jobs, benchmarks) sit on top, and none imports another.
 RANK = {"data": 0, "kernels": 0, "model": 1, "run": 2, "decode": 3, "export": 4, "train": 4, "experiments": 5,
-        "train.__main__": 6, "train.sweep": 6, "train.sweep_report": 6, "benchmarks": 6,
-        "train.search": 6, "train.search_trial": 6, "train.search_report": 6}
-PACKAGES = {"data", "kernels", "model", "run", "decode", "export", "train", "experiments", "benchmarks"}
+        "train.__main__": 6, "jobs": 6, "benchmarks": 6}
+PACKAGES = {"data", "kernels", "model", "run", "decode", "export", "train", "experiments", "jobs", "benchmarks"}
 
 
 def _layer(module: str) -> str:
-  """'train.sweep_report' -> 'train.sweep_report' if ranked on its own, else its top-level package."""
+  """'jobs.sweep_report' -> 'jobs.sweep_report' if ranked on its own, else its top-level package."""
   parts = module.split(".")
   return ".".join(parts[:2]) if ".".join(parts[:2]) in RANK else parts[0]
 
@@ -50,7 +49,7 @@ def edges_against_order():
         continue
       theirs = _layer(target)
       if theirs.split(".")[0] == mine.split(".")[0] and RANK[theirs] <= RANK[mine]:
-        continue   # inside one package (train.sweep may use train.*, not the other way round)
+        continue   # inside one package (train.__main__ may use train.*, not the other way round)
       if RANK[theirs] >= RANK[mine]:
         bad.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target} "
                    f"({mine} rank {RANK[mine]} -> {theirs} rank {RANK[theirs]})")
@@ -67,3 +66,17 @@ def test_the_check_sees_an_edge_against_the_order(tmp_path, monkeypatch):
   (tmp_path / "run" / "bad.py").write_text("def f():\n  from train import train\n")
   monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
   assert edges_against_order() == ["run/bad.py:2: run.bad imports train.train (run rank 2 -> train rank 4)"]
+
+
+def test_the_trainer_and_the_experiments_do_not_import_jobs(tmp_path, monkeypatch):
+  # jobs/ runs many trainings of the experiments: an import of it from train/ (even from train/__main__.py,
+  # ranked beside it) or experiments/ is an arrow back up, reported with its line.
+  for package in ("train", "experiments", "jobs"):
+    (tmp_path / package).mkdir()
+  (tmp_path / "train" / "__main__.py").write_text("from jobs import sweep\n")
+  (tmp_path / "experiments" / "table9.py").write_text("import jobs.sweep_directions\n")
+  (tmp_path / "jobs" / "sweep.py").write_text("import experiments\nfrom train import signals\n")
+  monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+  assert edges_against_order() == [
+      "experiments/table9.py:1: experiments.table9 imports jobs.sweep_directions (experiments rank 5 -> jobs rank 6)",
+      "train/__main__.py:1: train.__main__ imports jobs.sweep (train.__main__ rank 6 -> jobs rank 6)"]

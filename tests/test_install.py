@@ -190,6 +190,26 @@ def _lowest_venv(python: str) -> pathlib.Path:
   return venv
 
 
+def test_the_lowest_versions_venv_is_made_once_and_then_reused(tmp_path, monkeypatch):
+  # CI's slow suite installs constraints-lowest.txt from the registry only the first time on a machine.
+  monkeypatch.setenv("AIAYN_CACHE", str(tmp_path))
+  run, made = subprocess.run, []
+
+  def recording(command, *args, **kwargs):
+    if command[1] == "-c":   # the Python version, part of the venv's key
+      return run(command, *args, **kwargs)
+    made.append(command[1:3])
+    if command[1:3] == ["-m", "venv"]:
+      pathlib.Path(command[-1]).mkdir()
+    return subprocess.CompletedProcess(command, 0, "", "")
+  monkeypatch.setattr(subprocess, "run", recording)
+  venv = _lowest_venv(sys.executable)
+  assert made == [["-m", "venv"], ["-m", "pip"]] and (venv / "ok").exists()
+  assert venv.parent == tmp_path and venv.name.startswith("venv-lowest-")
+  made.clear()
+  assert _lowest_venv(sys.executable) == venv and made == []
+
+
 @pytest.mark.slow
 def test_the_lowest_versions_pass_a_subset_of_the_suite(tmp_path):
   python = os.environ.get("AIAYN_LOWEST_PYTHON", sys.executable)

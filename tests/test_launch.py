@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from train import launch, multihost, slurm
+from jobs import launch, slurm
+from train import multihost
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def test_launcher_environment_and_failure(tmp_path):
   assert env["JAX_NUM_PROCESSES"] == "2" and env["JAX_NUM_CPU_DEVICES"] == "4" and "XLA_FLAGS" not in env
   # Both processes reject a misspelled key: the launcher prefixes their output and exits non-zero.
   clean = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-  done = subprocess.run([sys.executable, "-m", "train.launch", "--processes", "2", "--", "--config.train.num_stepz=3",
+  done = subprocess.run([sys.executable, "-m", "jobs.launch", "--processes", "2", "--", "--config.train.num_stepz=3",
                          f"--workdir={tmp_path}"], cwd=ROOT, env={**clean, "PYTHONPATH": str(ROOT)},
                         capture_output=True, text=True, timeout=120)
   assert done.returncode != 0 and "[launch] failed" in done.stdout, done.stdout + done.stderr

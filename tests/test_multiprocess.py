@@ -1,4 +1,4 @@
-"""Training with real processes (train.launch on 127.0.0.1, gloo between them), not mocks.
+"""Training with real processes (jobs.launch on 127.0.0.1, gloo between them), not mocks.
 
 Three smoke runs go at once (module fixture): 2 processes x 4 CPU devices, 1 process x 8 devices, and a
 second 2 x 4 run whose whole process group is SIGKILLed after its checkpoint at step 4. Then:
@@ -52,7 +52,7 @@ def start(workdir: pathlib.Path, processes: int, devices: int, **overrides) -> s
   if processes == 1:
     command, env = [sys.executable, "-m", "train", *flags], _env(devices)
   else:
-    command = [sys.executable, "-m", "train.launch", "--processes", str(processes), "--devices_per_process",
+    command = [sys.executable, "-m", "jobs.launch", "--processes", str(processes), "--devices_per_process",
                str(devices), "--", *flags]
     env = _env()
   return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

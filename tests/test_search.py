@@ -1,4 +1,4 @@
-"""Optuna search (train/search.py): a study with pruning, resumed, shared by two workers, a worker killed
+"""Optuna search (jobs/search.py): a study with pruning, resumed, shared by two workers, a worker killed
 mid-trial, a failing trial recorded, the report. Scheduling is tested with a fast fake trainer that writes
 metrics.jsonl like the real one and saves a "checkpoint" on SIGTERM; the slow tests run the real trainer
 (a pruned trial's run directory resumes by hand) and SLURM.
@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from run import metrics as metrics_io
-from train import search, search_trial, sweep
+from jobs import search, search_trial, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ def test_interrupted_study_requeues_its_trial_and_the_rerun_resumes_it(tmp_path,
 def _worker(fake, out, trials, stale_after=60.0):
   code = textwrap.dedent(f"""
       import sys; sys.path.insert(0, {str(ROOT)!r})
-      from train import search
+      from jobs import search
       search.run_search({fake['config_spec']!r}, {str(out)!r}, trials={trials}, trainer={fake['trainer']!r},
                         poll_seconds=0.05, stale_after={stale_after})
   """)

@@ -3,7 +3,7 @@
 - a 2-trial smoke sweep with --launcher slurm: each trial a job, results table as with the local runner;
 - a 2-task job (2 processes x 2 CPU devices) that is "preempted" with SIGUSR2 after its checkpoint at
   step 4 (what SLURM sends before a time limit): it saves, submitit requeues it, it resumes, and ends
-  bitwise equal to the same training run by train.launch on this machine.
+  bitwise equal to the same training run by jobs.launch on this machine.
 Skipped, with the reason, where no SLURM controller answers.
 """
 import csv
@@ -20,7 +20,7 @@ import pytest
 
 from run import checkpoint as ckpt
 from run import metrics as metrics_io
-from train import slurm
+from jobs import slurm
 from train.train import TIMING_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def _run(command, timeout=600):
 
 def test_sweep_on_slurm(tmp_path):
   out = tmp_path / "table3"
-  code, text = _run([sys.executable, "-m", "train.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
+  code, text = _run([sys.executable, "-m", "jobs.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
                      f"--workdir={out}", "--launcher=slurm", "--partition=debug", "--time=15",
                      "--config.train.bleu_every=0", "--config.train.test_bleu=False"])
   assert code == 0, text
@@ -69,7 +69,7 @@ def test_sweep_on_slurm(tmp_path):
     assert "submitted SLURM job" in (out / name / "sweep.log").read_text()
     assert slurm.task_log(out / name, job).is_file()
   # Rerunning the sweep submits nothing: both trials are done.
-  code, text = _run([sys.executable, "-m", "train.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
+  code, text = _run([sys.executable, "-m", "jobs.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
                      f"--workdir={out}", "--launcher=slurm", "--config.train.bleu_every=0",
                      "--config.train.test_bleu=False"])
   assert code == 0 and "skip base (done)" in text and "skip C_N2 (done)" in text, text
@@ -81,11 +81,11 @@ def test_two_task_job_preempted_requeued_and_resumed_exactly(tmp_path):
            "--config.train.test_bleu=False", "--config.train.bleu_every=0", "--config.train.eval_every=0",
            "--config.train.dev_sentences=32", f"--config.train.num_steps={steps}", "--config.train.log_every=2",
            "--config.train.checkpoint_every_steps=2", "--config.train.checkpoint_every_minutes=0"]
-  local = subprocess.Popen([sys.executable, "-m", "train.launch", "--processes=2", "--devices_per_process=2",
+  local = subprocess.Popen([sys.executable, "-m", "jobs.launch", "--processes=2", "--devices_per_process=2",
                             "--", *flags, f"--workdir={tmp_path / 'local'}"], cwd=ROOT, env=_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   workdir = tmp_path / "slurm"
-  code, text = _run([sys.executable, "-m", "train.submit", "--partition=debug", "--tasks_per_node=2",
+  code, text = _run([sys.executable, "-m", "jobs.submit", "--partition=debug", "--tasks_per_node=2",
                      "--time=15", "--", *flags, f"--workdir={workdir}"])
   assert code == 0, text
   job = (workdir / slurm.JOB_FILE).read_text().strip()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from train import sweep
+from jobs import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -124,7 +124,7 @@ def _sweep_cli(workdir, *extra):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
   env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
   # No dev BLEU (beam-search compiles would double the time; decode/ has its own tests): a shared override.
-  command = [sys.executable, "-m", "train.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
+  command = [sys.executable, "-m", "jobs.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
              f"--workdir={workdir}", "--config.train.bleu_every=0", *extra]
   return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
@@ -165,7 +165,7 @@ def test_table3_smoke_sweep_interrupted_then_finished(tmp_path):
 def test_a_slurm_trials_clock_starts_when_its_job_runs(tmp_path, monkeypatch):
   """Time in SLURM's queue is not the trial's wall-clock: SlurmTrial notes when the job is first seen
   running, and the sweep measures from there."""
-  from train import slurm
+  from jobs import slurm
   states = iter(["PENDING", "PENDING", "RUNNING", "RUNNING", "COMPLETED"])
   clock = iter([100.0, 130.0, 175.0])
   monkeypatch.setattr(slurm, "job_state", lambda job_id: next(states))
@@ -181,7 +181,7 @@ def test_a_slurm_trials_clock_starts_when_its_job_runs(tmp_path, monkeypatch):
 def test_a_slurm_job_stopped_while_queued_adds_no_wall_clock(tmp_path, monkeypatch):
   """A sweep stopped while a trial's job still waits in SLURM's queue records 0 s for it, not the time
   since submission; a job seen running counts from then, a local process from its start."""
-  from train import slurm
+  from jobs import slurm
   monkeypatch.setattr(sweep.time, "time", lambda: 1000.0)
   with open(tmp_path / "log", "w") as log:
     queued = slurm.SlurmTrial("7", tmp_path, log)

@@ -9,8 +9,8 @@ import pytest
 
 import experiments
 from run import metrics as metrics_io
-from train import sweep
-from train.sweep_report import trial_row
+from jobs import sweep
+from jobs.sweep_report import trial_row
 from train.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

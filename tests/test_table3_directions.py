@@ -1,10 +1,10 @@
-"""The direction/tie logic of train/sweep_directions.py on hand-made numbers, and the results.md/png it
+"""The direction/tie logic of jobs/sweep_directions.py on hand-made numbers, and the results.md/png it
 adds to a sweep's report.
 """
 import pytest
 
-from train import sweep_directions as sd
-from train.sweep_report import write_results
+from jobs import sweep_directions as sd
+from jobs.sweep_report import write_results
 
 BASELINE = ("base", "base_seed1")
 

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 
 import experiments
+from jobs import sweep_directions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TABLE3 = ROOT / "experiments" / "table3.py"
@@ -111,7 +112,7 @@ def test_first_pass_is_every_row_once_and_base_twice_then_the_chosen_second_seed
 
 
 def _results_csv(path, ppl, bleu=None):
-  """A results.csv as train.sweep writes it: trial, status, dev_ppl, dev_bleu, paper_ppl, paper_bleu."""
+  """A results.csv as jobs.sweep writes it: trial, status, dev_ppl, dev_bleu, paper_ppl, paper_bleu."""
   names = [name for name, _ in T3.full_size_rows()] + ["base_seed1", "A_h4_seed1"]
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=["trial", "status", "dev_ppl", "dev_bleu", "dev_bleu_step",
@@ -123,6 +124,12 @@ def _results_csv(path, ppl, bleu=None):
                        "dev_ppl": ppl.get(name), "dev_bleu": (bleu or {}).get(name),
                        "dev_bleu_step": 1800, "paper_ppl": paper.get("ppl"), "paper_bleu": paper.get("bleu")})
   return path
+
+
+def _second_seed_rows(results_csv, metric="ppl"):
+  """Table 3's first pass as jobs.sweep_directions judges it: its rows in the sweep's order, its BASELINE."""
+  return sweep_directions.second_seed_rows(results_csv, [name for name, _ in T3.full_size_rows()],
+                                           T3.BASELINE, metric)
 
 
 def test_second_seeds_go_to_the_rows_whose_first_verdict_ties_or_disagrees(tmp_path):
@@ -137,15 +144,15 @@ def test_second_seeds_go_to_the_rows_whose_first_verdict_ties_or_disagrees(tmp_p
   ppl.update({"A_h1": 38.8,                # the paper: worse; ours within the spread: tie
               "C_N8": 36.0,                # the paper: no effect (4.88 against 4.92); ours better: disagree
               "D_ls0.0": 41.0})            # the paper: better; ours worse: disagree
-  assert T3.second_seed_rows(_results_csv(tmp_path / "r.csv", ppl)) == ("A_h1", "C_N8", "D_ls0.0")
+  assert _second_seed_rows(_results_csv(tmp_path / "r.csv", ppl)) == ("A_h1", "C_N8", "D_ls0.0")
 
   # By BLEU: every row at the base mean is within the seeds' spread: a tie wherever the paper sees an
   # effect, an agreement where it sees none (its BLEU within 0.25 of base's 25.8).
   bleu = {name: 11.0 for name in ppl} | {"base": 10.0, "base_seed1": 12.0}
-  by_bleu = T3.second_seed_rows(_results_csv(tmp_path / "b.csv", ppl, bleu), metric="bleu")
+  by_bleu = _second_seed_rows(_results_csv(tmp_path / "b.csv", ppl, bleu), metric="bleu")
   rows = [name for name, _ in T3.full_size_rows() if name != "base"]
   assert by_bleu == tuple(n for n in rows if n not in ("A_h16", "C_d1024", "D_ls0.2", "E_learned"))
 
   del ppl["big"]                           # the first pass is not finished: no choice yet
   with pytest.raises(ValueError, match=r"no dev_ppl for \['big'\]"):
-    T3.second_seed_rows(_results_csv(tmp_path / "p.csv", ppl))
+    _second_seed_rows(_results_csv(tmp_path / "p.csv", ppl))

@@ -2,6 +2,7 @@
 final parameters (config.train.average_last), early stopping on dev loss, the real tokens per batch in
 metrics.jsonl; and the start from another run's parameters (config.train.init_checkpoint).
 """
+import logging
 import pathlib
 
 import jax
@@ -26,17 +27,36 @@ def smoke_config(**overrides):
   return experiments.apply_overrides(experiments.load_experiment(SMOKE), {**QUIET, **overrides})
 
 
-def test_average_last_writes_the_average_and_scores_both(tmp_path):
-  config = smoke_config(**{"train.num_steps": 4, "train.checkpoint_every_steps": 1,
-                           "train.keep_checkpoints": 3, "train.average_last": 3})
-  outcome = train_and_evaluate(config, tmp_path)
+@pytest.fixture(scope="module")
+def averaged_run(tmp_path_factory):
+  """(workdir, config, outcome, the log records at WARNING and above) of one 4-step smoke run that keeps its
+  last 3 checkpoints, averages them, logs every step and scores the test BLEU of both: the run every test
+  below that only reads a finished run shares."""
+  workdir = tmp_path_factory.mktemp("averaged")
+  config = smoke_config(**{"train.num_steps": 4, "train.checkpoint_every_steps": 1, "train.log_every": 1,
+                           "train.keep_checkpoints": 3, "train.average_last": 3, "data.pack": False})
+  records = []
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = records.append
+  logging.getLogger().addHandler(handler)
+  try:
+    outcome = train_and_evaluate(config, workdir)
+  finally:
+    logging.getLogger().removeHandler(handler)
+  return workdir, config, outcome, records
+
+
+def test_average_last_writes_the_average_and_scores_both(averaged_run):
+  workdir, _, outcome, records = averaged_run
+  # Reading the average back (read-only, for its test BLEU) is not worth a library warning.
+  assert not [r.getMessage() for r in records if "read only" in r.getMessage() or "read_only" in r.getMessage()]
   assert outcome.averaged_steps == [2, 3, 4]
   assert outcome.test_bleu is not None and outcome.test_bleu_averaged is not None
-  averaged, step = ckpt.load_params(tmp_path, "averaged")
-  expected = average_params([ckpt.load_params(tmp_path, s)[0] for s in (2, 3, 4)])
+  averaged, step = ckpt.load_params(workdir, "averaged")
+  expected = average_params([ckpt.load_params(workdir, s)[0] for s in (2, 3, 4)])
   for a, b in zip(jax.tree_util.tree_leaves(averaged), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
-  test_lines = [line for line in metrics_io.read_metrics(tmp_path) if "test/bleu_averaged" in line]
+  test_lines = [line for line in metrics_io.read_metrics(workdir) if "test/bleu_averaged" in line]
   assert len(test_lines) == 1 and test_lines[0]["step"] == 4
 
 
@@ -57,12 +77,11 @@ def test_early_stopping_stops_when_dev_loss_stalls_and_stays_stopped(tmp_path):
   assert again.stopped_early and again.step == 3
 
 
-def test_metrics_report_real_source_and_target_tokens_per_batch(tmp_path):
-  config = smoke_config(**{"train.num_steps": 2, "train.log_every": 1, "train.test_bleu": False,
-                           "data.pack": False})
-  train_and_evaluate(config, tmp_path)
-  lines = [line for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
-  vocab = get_vocab(config.data, tmp_path)
+def test_metrics_report_real_source_and_target_tokens_per_batch(averaged_run):
+  workdir, config, _, _ = averaged_run   # unpacked batches: padding that must not be counted
+  lines = [line for line in metrics_io.read_metrics(workdir) if "train/loss" in line]
+  assert len(lines) == 4
+  vocab = get_vocab(config.data, workdir)
   it = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=8)
   for line in lines:
     batch = next(it)
@@ -71,18 +90,19 @@ def test_metrics_report_real_source_and_target_tokens_per_batch(tmp_path):
     assert (batch["tgt_segments"] != 0).sum() < batch["tgt_segments"].size   # padding is not counted
 
 
-def test_init_checkpoint_starts_from_another_runs_parameters_and_refuses_another_architecture(tmp_path):
+def test_init_checkpoint_starts_from_another_runs_parameters_and_refuses_another_architecture(
+    averaged_run, tmp_path):
   """config.train.init_checkpoint="RUN:STEP": the parameters are that run's (with a learning rate of 0 they
   stay so), the step and optimizer start afresh; parameters of another shape are refused by name."""
   from run.user_errors import UserError
-  train_and_evaluate(smoke_config(**{"train.num_steps": 2, "train.test_bleu": False}), tmp_path / "a")
+  source = averaged_run[0]
   frozen = smoke_config(**{"train.num_steps": 1, "train.test_bleu": False, "train.learning_rate": 0.0,
-                           "train.init_checkpoint": f"{tmp_path / 'a'}:2"})
+                           "train.init_checkpoint": f"{source}:3"})   # not the newest (4)
   assert train_and_evaluate(frozen, tmp_path / "b").step == 1
-  for a, b in zip(jax.tree_util.tree_leaves(ckpt.load_params(tmp_path / "a")[0]),
+  for a, b in zip(jax.tree_util.tree_leaves(ckpt.load_params(source, 3)[0]),
                   jax.tree_util.tree_leaves(ckpt.load_params(tmp_path / "b")[0])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   other = smoke_config(**{"train.num_steps": 1, "train.test_bleu": False, "model.d_ff": 48,
-                          "train.init_checkpoint": str(tmp_path / "a")})
+                          "train.init_checkpoint": str(source)})
   with pytest.raises(UserError, match="do not match config.model"):
     train_and_evaluate(other, tmp_path / "c")

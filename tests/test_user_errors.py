@@ -6,6 +6,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -73,6 +74,13 @@ def test_train_empty_dev_set(files):
                     "no usable sentence pairs")
 
 
+def test_train_with_a_data_cache_that_cannot_be_written(files, monkeypatch):
+  (files / "a_file").write_text("a file where the cache root's parent folder should be")
+  monkeypatch.setenv("AIAYN_DATA_CACHE", str(files / "a_file" / "cache"))   # even root cannot write there
+  outcome = train_with(files, files / "ok.tsv", files / "ok.tsv")
+  assert_user_error(outcome, str(files / "a_file" / "cache"), "cannot be written", "config.data.cache_dir")
+
+
 def test_decode_and_export_of_a_missing_run(files):
   (files / "in.txt").write_text("hello\n")
   assert_user_error(run("decode", "--workdir", str(files / "nowhere"), "--input", str(files / "in.txt"),
@@ -82,7 +90,7 @@ def test_decode_and_export_of_a_missing_run(files):
 
 
 def test_sweep_misspelled_key(files):
-  assert_user_error(run("train.sweep", f"--config={ROOT / 'experiments' / 'table3.py'}:smoke",
+  assert_user_error(run("jobs.sweep", f"--config={ROOT / 'experiments' / 'table3.py'}:smoke",
                         f"--workdir={files / 'sweep'}", "--config.train.num_stepz=3", cwd=files),
                     "num_stepz")
 
@@ -299,3 +307,21 @@ def test_the_good_run_reads_and_a_cut_short_last_metrics_line_is_left_out(good_r
   with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
     f.write('{"step": 9, "train/lo')   # a kill while the line was written
   assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 7]
+
+
+@pytest.mark.parametrize("command", ["launch", "submit", "sweep", "search"])
+def test_the_old_train_commands_name_their_new_place(command, tmp_path):
+  # jobs/ took them over; the old name runs nothing and says, in one line, what to type instead.
+  code, lines, stdout = run(f"train.{command}", "--config", SMOKE, "--workdir", str(tmp_path / "w"), cwd=tmp_path)
+  assert_user_error((code, lines, stdout), f"python -m jobs.{command}")
+  assert len(lines) == 1 and stdout == "" and not (tmp_path / "w").exists()
+
+
+def test_a_warning_inside_an_entry_point_reads_as_one_line(capsys):
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    before = warnings.showwarning
+    with user_errors.reported():
+      warnings.warn("config.data train: skipped 3 pairs:\n  3 longer than max_len=8 tokens", stacklevel=1)
+    assert warnings.showwarning is before   # the usual format again once the entry point is done
+  assert capsys.readouterr().err == "warning: config.data train: skipped 3 pairs: 3 longer than max_len=8 tokens\n"

@@ -6,13 +6,13 @@
 
 Rerunning a command resumes its run directory. A misspelled --config.* key is an error.
 
-Every entry point (train, train.sweep, train.average, decode, export, benchmarks) parses its flags with
+Every entry point (train, jobs.sweep, train.average, decode, export, benchmarks) parses its flags with
 argparse, in its own __main__ (or main()), and nowhere else. argparse is in the standard library, gives
 each command a --help with its usage, and lets tests call main(argv) in-process; `--config.KEY=VALUE`
 overrides go through experiments.apply_overrides, the same function the sweep, the benchmarks and the
 tests use, so an override means the same thing everywhere (absl's config_flags parsed them a second way).
 
-Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m train.launch`,
+Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m jobs.launch`,
 each process joins the job by itself; by hand, give every process the same --coordinator_address and
 --num_processes and its own --process_id (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
   parser.add_argument("--workdir", default=None, help="run directory (default: the config's workdir)")
   group = parser.add_argument_group("several processes (docs/multihost.md)")
   group.add_argument("--distributed", choices=multihost.MODES, default="auto",
-                     help="join a multi-process job: auto (when launched as one: srun, mpirun, train.launch "
+                     help="join a multi-process job: auto (when launched as one: srun, mpirun, jobs.launch "
                           "or the flags below), on (always; JAX detects the cluster, e.g. a TPU pod slice), off")
   group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0 (manual launch)")
   group.add_argument("--num_processes", type=int, default=None, help="processes in the job (manual launch)")

@@ -7,7 +7,7 @@
 When to join (`initialize(mode=...)`):
   - "auto" (default): join when launched as one of several processes: explicit settings (arguments, or
     the environment variables JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID, as
-    `python -m train.launch` sets them), a SLURM step or an Open MPI job with more than one task (JAX
+    `python -m jobs.launch` sets them), a SLURM step or an Open MPI job with more than one task (JAX
     detects those itself). Anything else runs as one process, exactly as before.
   - "on": always call jax.distributed.initialize() and let JAX detect the cluster (TPU pod slices,
     Kubernetes, ...).

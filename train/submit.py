@@ -1,11 +1,5 @@
-"""`python -m train.submit`: one training run as a SLURM job (see train/slurm.py).
-
-    python -m train.submit --partition debug --nodes 1 --tasks_per_node 2 --time 30 --wait \\
-        -- --config experiments/default.py:smoke --workdir runs/smoke_slurm
-"""
+"""`python -m train.submit` moved to `python -m jobs.submit` (jobs/submit.py, same flags); this name only says so."""
 import sys
 
-from train.slurm import main
-
-if __name__ == "__main__":
-  sys.exit(main())
+print("error: `python -m train.submit` is now `python -m jobs.submit` (same flags)", file=sys.stderr)
+sys.exit(2)

@@ -1,4 +1,4 @@
-"""The report of a sweep (train/sweep.py): one row per trial, written as results.csv, results.md (a
+"""The report of a sweep (jobs/sweep.py): one row per trial, written as results.csv, results.md (a
 Markdown table, the paper's numbers beside ours when the experiment file has a PAPER dict) and
 results.png (dev perplexity and dev BLEU per trial).
 """
@@ -12,7 +12,7 @@ import run
 from data.vocab import VOCAB_FILE
 from model.config import num_params
 from run import metrics as metrics_io
-from train import sweep_directions
+from jobs import sweep_directions
 
 
 def format_overrides(overrides: dict) -> str:
@@ -30,7 +30,7 @@ def trial_row(trial, trial_dir: pathlib.Path, status: dict, config_spec: str, sh
               paper: dict) -> dict:
   """What the results table says about one trial (None where nothing was measured).
 
-  trial: a train.sweep.Trial (name, overrides); status: its sweep_status.json.
+  trial: a jobs.sweep.Trial (name, overrides); status: its sweep_status.json.
   """
   config = experiments.load_experiment(config_spec)
   experiments.apply_overrides(config, list(shared_overrides))
@@ -72,7 +72,7 @@ def write_results(rows: list[dict], workdir: pathlib.Path, *, paper: bool, title
 
   baseline: trial names of the reference setting (the experiment's BASELINE); with it and the paper's
   numbers, results.md and results.png also say whether each effect's direction agrees with the paper's
-  (train/sweep_directions.py).
+  (jobs/sweep_directions.py).
   """
   columns = [c for c in rows[0] if paper or not c.startswith("paper_")]
   compare = paper and any(r["trial"] in baseline for r in rows)

@@ -1,7 +1,7 @@
-"""Training on SLURM through submitit: one run (`python -m train.submit`) or each trial of a sweep
-(`python -m train.sweep --launcher slurm`) becomes a SLURM job.
+"""Training on SLURM through submitit: one run (`python -m jobs.submit`) or each trial of a sweep
+(`python -m jobs.sweep --launcher slurm`) becomes a SLURM job.
 
-    python -m train.submit --partition gpu --nodes 2 --tasks_per_node 1 --gpus_per_node 8 --time 1440 \\
+    python -m jobs.submit --partition gpu --nodes 2 --tasks_per_node 1 --gpus_per_node 8 --time 1440 \\
         -- --config experiments/wmt14_ende.py:base --workdir runs/base
 
 Every task of a job runs `python -m train FLAGS` (submitit starts one task per --tasks_per_node on each
@@ -45,7 +45,7 @@ class SlurmOptions:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-  """The SLURM flags shared by train.submit and train.sweep."""
+  """The SLURM flags shared by jobs.submit and jobs.sweep."""
   group = parser.add_argument_group("SLURM (with submitit)")
   group.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's default)")
   group.add_argument("--nodes", type=int, default=1, help="nodes per job (default 1)")
@@ -212,7 +212,7 @@ class SlurmTrial:
 
 
 def trial_starter(options: SlurmOptions):
-  """For train.sweep.run_sweep: start(command, trial_dir, log) -> SlurmTrial. A trial whose job is still
+  """For jobs.sweep.run_sweep: start(command, trial_dir, log) -> SlurmTrial. A trial whose job is still
   queued or running (from an earlier sweep command) is watched again instead of submitted twice."""
   def start(command, trial_dir, log):
     job_id = recorded_job(trial_dir)
@@ -227,9 +227,9 @@ def trial_starter(options: SlurmOptions):
 
 
 def main(argv=None) -> int:
-  """`python -m train.submit`: one training run as a SLURM job (see the module docstring)."""
-  parser = argparse.ArgumentParser(prog="python -m train.submit", description=__doc__.split("\n\n")[0],
-                                   usage="python -m train.submit [SLURM flags] [--wait] -- TRAIN_FLAGS")
+  """`python -m jobs.submit`: one training run as a SLURM job (see the module docstring)."""
+  parser = argparse.ArgumentParser(prog="python -m jobs.submit", description=__doc__.split("\n\n")[0],
+                                   usage="python -m jobs.submit [SLURM flags] [--wait] -- TRAIN_FLAGS")
   add_flags(parser)
   parser.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 if it completed")
   argv = sys.argv[1:] if argv is None else list(argv)

@@ -2,7 +2,7 @@
 
 A sweep whose experiment file names BASELINE (trial names that train the reference setting, e.g. twice with
 different seeds) gets this section in its results.md and verdicts in its results.png. Pure functions of the
-rows train/sweep_report.py builds:
+rows jobs/sweep_report.py builds:
 
     rows = directions(results, ("base", "base_seed1"))   # one row per other trial
 
@@ -20,6 +20,7 @@ more than the baseline's needs a larger effect to count.
 """
 from __future__ import annotations
 
+import csv
 import re
 
 # Differences the paper's Table 3 reports that we read as "no effect": about 1% of its base PPL (4.92),
@@ -113,6 +114,34 @@ def directions(rows: list[dict], baseline, *, paper_ties=None) -> list[dict]:
                      f"paper_dir_{metric}": paper_dir, f"verdict_{metric}": verdict(ours_dir, paper_dir)})
     out.append(result)
   return out
+
+
+def second_seed_rows(results_csv, rows, baseline, metric: str = "ppl") -> tuple:
+  """The rows of a first pass (every row once, the baseline trials) whose `metric` verdict ('ppl' or
+  'bleu') is 'tie' or 'disagree': the rows that want a second seed (experiments/table3.py's
+  OVERFIT_SECOND_SEED).
+
+  results_csv: the results.csv jobs.sweep writes (one line per trial: trial, status, dev_ppl, dev_bleu,
+  paper_ppl, paper_bleu, ...); rows: the first pass's row names in the sweep's order; baseline: the
+  trial names of the reference setting. Each row is judged by its first seed alone against the mean and
+  spread of the baseline, as directions() does. Returns the doubtful rows in the order of `rows`. Raises
+  ValueError naming the rows or baseline trials that have no result yet: the first pass must be complete
+  before its verdicts choose.
+  """
+  numbers = ("dev_ppl", "dev_bleu", "test_bleu", "paper_ppl", "paper_bleu")
+  with open(results_csv, newline="") as f:
+    results = [{k: (float(v) if v else None) if k in numbers else v for k, v in line.items()}
+               for line in csv.DictReader(f)]
+  by_name = {r["trial"]: r for r in results}
+  first_pass = list(rows) + [name for name in baseline if name not in rows]
+  key = "dev_ppl" if metric == "ppl" else bleu_key(results)
+  missing = [name for name in first_pass if by_name.get(name, {}).get(key) is None]
+  if missing:
+    raise ValueError(f"second_seed_rows: {results_csv} has no {key} for {missing}: finish the first pass "
+                     f"(rerun the sweep; finished trials are skipped) before choosing second seeds")
+  doubtful = {r["trial"] for r in directions([by_name[name] for name in first_pass], baseline)
+              if r[f"verdict_{metric}"] in ("tie", "disagree")}
+  return tuple(name for name in rows if name in doubtful)
 
 
 def _cell(value, delta, word, digits, seeds=1) -> str:

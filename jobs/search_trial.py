@@ -1,4 +1,4 @@
-"""One trial of a search (train/search.py): its overrides from the experiment's `search_space(trial)`, its
+"""One trial of a search (jobs/search.py): its overrides from the experiment's `search_space(trial)`, its
 run as a normal `python -m train` in a run directory of its own, and its dev metric, read from the run's
 metrics.jsonl after every evaluation and reported to Optuna. A trial the pruner stops gets SIGTERM, which
 makes the trainer save a checkpoint and exit as any interrupted run does: its run directory resumes by hand
@@ -27,7 +27,7 @@ import experiments
 from run import metrics as metrics_io
 from run.user_errors import UserError
 from run.workdir import RunDirLocked, RunLock
-from train import slurm, sweep
+from jobs import slurm, sweep
 
 # --metric: the metrics.jsonl key each evaluation writes, and which way is better. dev_nll is the dev loss
 # without label smoothing (comparable across label_smoothing values; per target token, so not across
@@ -198,7 +198,7 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
   """Runs `command` (the trial's `python -m train`, with overrides) for an Optuna trial in trial_dir and
   follows it to the end; returns its Outcome.
 
-  start(command, trial_dir, log) -> a Popen-like handle (start_local, or train.slurm.trial_starter's);
+  start(command, trial_dir, log) -> a Popen-like handle (start_local, or jobs.slurm.trial_starter's);
   key: the metrics.jsonl key reported (METRICS); stop: a train.signals.SignalFlag: when it is raised, the
   trainer gets SIGTERM and the outcome is 'interrupted'.
   """

@@ -1,4 +1,4 @@
-"""The report of a search (train/search.py): results.csv and results.md, best first, with each trial's
+"""The report of a search (jobs/search.py): results.csv and results.md, best first, with each trial's
 parameters, last dev metric, status and cost; PNG plots (optimization history, each parameter against the
 metric, the dev metric of every trial by step); the best configuration as a `python -m train` command.
 """
@@ -18,7 +18,7 @@ import optuna   # noqa: E402
 from optuna.trial import TrialState   # noqa: E402
 
 from run import metrics as metrics_io   # noqa: E402
-from train.sweep_report import format_overrides   # noqa: E402
+from jobs.sweep_report import format_overrides   # noqa: E402
 
 __all__ = ["format_overrides", "counts", "progress_line", "rows", "write_report"]
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",

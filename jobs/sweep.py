@@ -1,0 +1,336 @@
+"""`python -m jobs.sweep`: run every trial of an experiment's sweep, each as its own run directory.
+
+    python -m jobs.sweep --config experiments/table3.py --workdir runs/table3 [--parallel N] \\
+        [--only base,C_N2] [--config.data.tfds_data_dir=DIR ...]
+
+The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (arg: the ':arg' of
+--config), calling `add(name=..., **{'model.num_heads': 1, ...})` once per trial. Trial NAME runs as
+
+    python -m train --config FILE[:arg] --workdir DIR/NAME [--config.k=v shared by all] --config.k=v ...
+
+with its output in DIR/NAME/sweep.log. Rerunning the command skips trials with a DONE marker, resumes
+interrupted ones (the trainer resumes from its checkpoints) and retries failed ones. A failed trial is
+recorded (status FAILED, its log) and the others go on. At the end the runner writes DIR/results.csv,
+DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper's numbers when the
+experiment file has a PAPER dict keyed by trial name) and prints where they are.
+
+Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop; rerun to go on.
+
+--launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
+see jobs/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
+queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
+results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them again.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import experiments
+from run import config as config_io
+from run import metrics as metrics_io
+from run.user_errors import UserError, reported
+from run.workdir import RunDirLocked, RunLock, write_atomically
+from train.signals import SignalFlag
+from jobs import slurm
+from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
+
+DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
+STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
+LOG = "sweep.log"              # per trial: the trainer's stdout and stderr
+_NAME = re.compile(r"^[A-Za-z0-9_.+=-]+$")
+
+
+@dataclasses.dataclass
+class Trial:
+  name: str
+  overrides: dict               # dotted key -> value, e.g. {'model.num_heads': 1}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Declaring trials.
+# ------------------------------------------------------------------------------------------------------
+def _default_name(overrides: dict) -> str:
+  return ",".join(f"{key.split('.')[-1]}={value}" for key, value in overrides.items()) or "default"
+
+
+def declared_trials(config_spec: str, shared=()) -> tuple[list[Trial], dict]:
+  """Trials declared by the experiment file's sweep(add[, arg]), checked against its locked config.
+
+  Returns (trials, paper): paper is the file's PAPER dict ({trial name: {'ppl', 'bleu', ...}}) or {}.
+  Raises ValueError naming the file and trial for a missing sweep function, a bad or duplicate name, or
+  an override of a key that does not exist (experiments.apply_overrides names the key).
+  """
+  path, _, arg = config_spec.partition(":")
+  module = experiments.load_module(path)
+  if not hasattr(module, "sweep"):
+    raise UserError(f"{path} has no sweep(add) function; add one that calls add(name=..., **overrides) "
+                     f"per trial (see experiments/table3.py)")
+  trials = []
+
+  def add(name=None, **overrides):
+    name = name or _default_name(overrides)
+    if not _NAME.match(name):
+      raise UserError(f"{path}: trial name {name!r} must be letters, digits and _ . + = - (it names a "
+                       f"directory)")
+    if any(t.name == name for t in trials):
+      raise UserError(f"{path}: two trials are named {name!r}; give each add() a unique name=")
+    trials.append(Trial(name, dict(overrides)))
+
+  takes_arg = len(inspect.signature(module.sweep).parameters) >= 2
+  module.sweep(add, arg or None) if takes_arg else module.sweep(add)
+  if not trials:
+    raise UserError(f"{path}: sweep() declared no trials")
+  for trial in trials:
+    config = experiments.load_experiment(config_spec)
+    try:
+      experiments.apply_overrides(config, list(shared))
+      experiments.apply_overrides(config, trial.overrides)
+    except (KeyError, TypeError, ValueError) as error:
+      raise UserError(f"{path}: trial {trial.name!r}: {error}") from error
+    for key, value in trial.overrides.items():
+      if value is None:
+        raise UserError(f"{path}: trial {trial.name!r} sets {key}=None, which the command line cannot "
+                         f"express; leave the key out to keep the experiment's default")
+  return trials, dict(getattr(module, "PAPER", {}) or {})
+
+
+TRAINER = (sys.executable, "-m", "train")
+
+
+def trial_command(config_spec: str, trial_dir: pathlib.Path, shared, overrides: dict,
+                  trainer=TRAINER) -> list[str]:
+  """The `python -m train ...` command line of one trial (trainer: the command before the flags)."""
+  path, sep, arg = config_spec.partition(":")
+  flags = [f"--config.{key}={value}" for key, value in overrides.items()]
+  return [*trainer, f"--config={os.path.abspath(path)}{sep}{arg}",
+          f"--workdir={trial_dir}", "--config.train.progress=False", *[f"--{s}" for s in shared], *flags]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Per-trial state on disk.
+# ------------------------------------------------------------------------------------------------------
+def read_status(trial_dir: pathlib.Path) -> dict:
+  """DIR/NAME/sweep_status.json as a dict (status 'pending' if the trial never started)."""
+  path = trial_dir / STATUS
+  if not path.exists():
+    return {"status": "pending", "seconds": 0.0}
+  return json.loads(path.read_text())
+
+
+def write_status(trial_dir: pathlib.Path, **fields) -> None:
+  status = read_status(trial_dir)
+  status.update(fields)
+  write_atomically(trial_dir / STATUS, json.dumps(status, indent=2, sort_keys=True) + "\n")
+
+
+def reached_end(trial_dir: pathlib.Path) -> bool:
+  """True if the run's metrics reach its config's num_steps (an exit 0 after SIGTERM does not)."""
+  try:
+    target = int(config_io.load_run_config(trial_dir).train.num_steps)
+    steps = [line["step"] for line in metrics_io.read_metrics(trial_dir)]
+  except (FileNotFoundError, ValueError, KeyError):
+    return False
+  return bool(steps) and max(steps) >= target
+
+
+# ------------------------------------------------------------------------------------------------------
+# Running.
+# ------------------------------------------------------------------------------------------------------
+class _Running:
+  def __init__(self, trial: Trial, process: subprocess.Popen, log, trial_dir: pathlib.Path):
+    self.trial, self.process, self.log, self.dir = trial, process, log, trial_dir
+    self.start = time.time()
+
+  def seconds(self) -> float:
+    """How long the trial ran while this runner watched it: a SLURM job from when it was first seen
+    running (0 if it never ran: its time in the queue is not the trial's), a local process from its start."""
+    if hasattr(self.process, "started"):
+      return 0.0 if self.process.started is None else time.time() - self.process.started
+    return time.time() - self.start
+
+
+def _start_local(command, trial_dir, log) -> subprocess.Popen:
+  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
+              poll_seconds: float = 0.5, out=None, trainer=TRAINER, start=_start_local) -> dict:
+  """Runs the trials of config_spec's sweep under workdir; returns {trial name: final status}.
+
+  shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
+  trainer: the command that trains one trial (tests substitute a fast fake); start(command, trial_dir,
+  log) -> a Popen-like handle runs it (default: a local subprocess; jobs.slurm.trial_starter: a job).
+  Writes the results table and plot at the end, also after an interruption.
+  """
+  workdir = pathlib.Path(workdir).absolute()
+  out = out or sys.stdout
+  shared = [s.removeprefix("--") for s in shared]
+  shared_overrides = [s.removeprefix("config.") for s in shared]
+  trials, paper = declared_trials(config_spec, shared_overrides)
+  if only:
+    unknown = sorted(set(only) - {t.name for t in trials})
+    if unknown:
+      raise UserError(f"--only: no trials named {unknown}; the sweep has {[t.name for t in trials]}")
+    trials = [t for t in trials if t.name in only]
+  workdir.mkdir(parents=True, exist_ok=True)
+  say = lambda text: print(f"[sweep] {text}", file=out, flush=True)
+  try:
+    lock = RunLock(workdir).acquire()
+  except RunDirLocked:
+    raise RunDirLocked(f"another `python -m jobs.sweep` is running in {workdir}; wait for it or stop "
+                       f"it") from None
+
+  todo = []
+  for trial in trials:
+    trial_dir = workdir / trial.name
+    if (trial_dir / DONE).exists():
+      recorded = read_status(trial_dir).get("overrides")
+      if recorded is not None and recorded != _jsonable(trial.overrides):
+        say(f"warning: {trial.name} finished with overrides {recorded}, the sweep now says "
+            f"{_jsonable(trial.overrides)}; delete {trial_dir} to rerun it")
+      say(f"skip {trial.name} (done)")
+    else:
+      todo.append(trial)
+  say(f"{len(trials)} trials, {len(trials) - len(todo)} done, {len(todo)} to run, {parallel} at a time; "
+      f"logs in {workdir}/<trial>/{LOG}")
+
+  stop = SignalFlag().install()
+  running: list[_Running] = []
+  started = 0
+  try:
+    while (todo or running):
+      if stop.received:
+        for r in running:
+          if r.process.poll() is None:
+            r.process.send_signal(signal.SIGTERM)
+        todo = []
+      while todo and len(running) < parallel and not stop.received:
+        trial = todo.pop(0)
+        started += 1
+        trial_dir = workdir / trial.name
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        resumed = (trial_dir / "checkpoints").exists()
+        log = open(trial_dir / LOG, "a")
+        command = trial_command(config_spec, trial_dir, shared, trial.overrides, trainer)
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        process = start(command, trial_dir, log)
+        write_status(trial_dir, status="running", overrides=_jsonable(trial.overrides),
+                     command=command, pid=process.pid)
+        running.append(_Running(trial, process, log, trial_dir))
+        say(f"start {trial.name} ({started}/{started + len(todo)}{', resuming' if resumed else ''}): "
+            f"{format_overrides(trial.overrides)}")
+      time.sleep(poll_seconds)
+      for r in list(running):
+        code = r.process.poll()
+        if code is None:
+          continue
+        running.remove(r)
+        r.log.close()
+        seconds = read_status(r.dir).get("seconds", 0.0) + r.seconds()
+        if code == 0 and reached_end(r.dir):
+          write_status(r.dir, status="done", returncode=0, seconds=seconds)
+          (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
+          say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
+              f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
+        elif code == 0 or stop.received:
+          write_status(r.dir, status="interrupted", returncode=code, seconds=seconds)
+          say(f"interrupted {r.trial.name}; rerun the command to resume it")
+        else:
+          write_status(r.dir, status="failed", returncode=code, seconds=seconds)
+          say(f"FAILED {r.trial.name} (exit {code}); see {r.dir / LOG}:\n" + _tail(r.dir / LOG))
+  finally:
+    stop.restore()
+    for r in running:   # only if the loop itself raised: do not leave trainers behind
+      if r.process.poll() is None:
+        r.process.send_signal(signal.SIGTERM)
+        r.process.wait()
+    lock.release()
+
+  rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides, paper)
+          for t in trials]
+  baseline = getattr(experiments.load_module(config_spec.partition(":")[0]), "BASELINE", ())
+  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec, baseline=baseline)
+  counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
+  say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+  print(markdown_table(rows, bool(paper)), file=out)
+  say("results: " + "  ".join(str(p) for p in paths))
+  if stop.received:
+    say(f"stopped by {stop.received}; rerun the same command to finish the sweep")
+  return {row["trial"]: row["status"] for row in rows}
+
+
+def _tail(path: pathlib.Path, lines: int = 8) -> str:
+  text = path.read_text(errors="replace").rstrip().splitlines()[-lines:]
+  return "\n".join("    " + line for line in text)
+
+
+def _jsonable(overrides: dict) -> dict:
+  return json.loads(json.dumps(overrides))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Command line.
+# ------------------------------------------------------------------------------------------------------
+def add_launcher_flags(parser: argparse.ArgumentParser) -> None:
+  """--launcher local|slurm and the SLURM flags (jobs/slurm.py), as jobs.sweep and jobs.search take them."""
+  parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                      help="local subprocesses (default) or one SLURM job per trial")
+  slurm.add_flags(parser)
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv, what: str):
+  """(args, ['--config.KEY=VALUE', ...]): anything else the parser does not know is a usage error."""
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; {what} look like --config.train.num_steps=1000")
+  return args, rest
+
+
+def experiment_parser(prog: str, doc: str, epilog: str, *, config_help: str, workdir_help: str):
+  """The flags every command over an experiment's trials starts with: --config and --workdir."""
+  parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=epilog)
+  parser.add_argument("--config", required=True, help=config_help)
+  parser.add_argument("--workdir", required=True, help=workdir_help)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = experiment_parser(
+      "python -m jobs.sweep", __doc__,
+      "Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).",
+      config_help="experiment file[:arg] with a sweep() function",
+      workdir_help="sweep directory; trial NAME runs in DIR/NAME")
+  parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
+  parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
+  add_launcher_flags(parser)
+  args, rest = parse_with_overrides(parser, argv, "shared overrides")
+  if args.parallel < 1:
+    parser.error(f"--parallel must be >= 1, got {args.parallel}")
+  only = [name for name in args.only.split(",") if name]
+  with reported():   # user errors: one line `error: ...`, exit status 2
+    start, parallel = _start_local, args.parallel
+    if args.launcher == "slurm":
+      try:
+        start, parallel = slurm.trial_starter(slurm.options_from(args)), 1_000_000   # SLURM queues them
+      except ValueError as error:
+        parser.error(str(error))
+    statuses = run_sweep(args.config, args.workdir, parallel=parallel, shared=rest, only=only or None,
+                         poll_seconds=0.5 if args.launcher == "local" else 5.0, start=start)
+  return 0 if all(s == "done" for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
