@@ -295,8 +295,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
 
   # Mesh (one 'data' axis over every device of every process), data, model and optimizer.
   mesh = make_mesh()
-  accum = int(tc.grad_accum_steps)
-  data = _load_data(config, workdir, derived_before, mesh.devices.size, accum)
+  data = _load_data(config, workdir, derived_before, mesh.devices.size, int(tc.grad_accum_steps))
   model = Transformer(model_config(config, data.vocab.size), packed=bool(config.data.get("pack", True)))
   schedule = schedules.make_schedule(tc, config.model.d_model)
   tx = make_optimizer(tc, schedule)
@@ -311,27 +310,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     config_io.save_config(config, workdir)
     run_dir.write_versions(workdir)
 
-  # Steps: jitted once, with explicit shardings; the state is donated.
-  shardings = step_lib.state_shardings(state, mesh, tc.fsdp)
-  chunk = int(tc.get("loss_chunk_tokens", step_lib.DEFAULT_LOSS_CHUNK))
-  train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings,
-                                       label_smoothing=tc.label_smoothing, accum_steps=accum,
-                                       loss_chunk_tokens=chunk)
-  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing,
-                                     loss_chunk_tokens=chunk)
+  train_step, eval_step = _jit_steps(tc, model, tx, schedule, mesh, state)
 
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
   # SIGTERM/SIGINT; never a state that went non-finite.
-  def check_finite(step):
-    bad = int(state.nonfinite_step)
-    if bad >= 0:
-      manager.wait_until_finished()
-      good = manager.latest_step()
-      raise NonFiniteError(
-          f"non-finite loss or gradient at step {bad} (detected by step {step}); training stopped "
-          f"without saving it. Last good checkpoint: "
-          f"{workdir / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
-          f"config.train.learning_rate, config.train.grad_clip_norm > 0 or a longer warmup.")
+  check_finite = lambda step: _check_finite(state, step, manager, workdir)
 
   def save(step):   # (clock: assigned before the loop calls it)
     check_finite(step)
@@ -367,8 +350,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   num_steps = int(tc.num_steps)
   every = lambda n, step: n and step % n == 0
   last_save_time, last_log_step = time.time(), start_step
-  padding = _Padding()
-  profile = _profile_window(tc.get("profile_steps", ""))
+  padding, profiler = _Padding(), _Profiler(tc.get("profile_steps", ""), workdir, primary)
   eval_result = None
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
@@ -378,8 +360,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   stop = False
   try:
     while step < num_steps and not stop and not early["stopped"]:
-      if profile and step == profile[0] and primary:
-        jax.profiler.start_trace(str(workdir / "profile"))
+      profiler.before(step)
       with clock.part("input"):
         batch = next(data.train_iter)
         meter.add(batch)
@@ -389,11 +370,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       step += 1
       bar.update(1)
       stop = vote.vote(signals.received is not None)
-      if profile and step == profile[1] and primary:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-        _say(f"\n[train] profiled steps {profile[0] + 1}-{profile[1]}: {workdir / 'profile'} "
-             f"(open with TensorBoard's profile plugin or Perfetto)")
+      profiler.after(step, state)
 
       if every(tc.log_every, step) or step == num_steps:
         check_finite(step)
@@ -402,8 +379,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         line = _train_line(host, step - last_log_step, split["step"])
         line.update(meter.report(split["step"]), **padding.report(), **goodput.interval_metrics(split))
         writer.write(step, line)
-        bar.set_postfix(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
-                        tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
+        bar.set_postfix(**_postfix(line))
         pending, last_log_step = [], step
 
       if every(tc.eval_every, step) or step == num_steps:
@@ -424,23 +400,71 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     manager.wait_until_finished()
     manager.close()
 
-  if stop:
-    received = signals.received or "a signal to another process"
-    writer.close()
-    clock.close_interval()
-    _say(clock.summary())
-    _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
-         f"rerun the same command to resume")
-    return Outcome(str(workdir), step, interrupted=received, eval=eval_result, time=clock.total)
-  outcome = Outcome(str(workdir), step, eval=eval_result, stopped_early=early["stopped"], time=clock.total)
-  if eval_result is None:   # a finished run rerun: report again
-    outcome.eval = evaluate(step, with_bleu=False)
-  with clock.part("eval"):
-    _report_test(config, workdir, model, state.params, data.vocab, writer, step, outcome)
+  # The end: a stopped run says how to resume; a finished one reports test BLEU (and again when rerun).
+  received = (signals.received or "a signal to another process") if stop else None
+  outcome = Outcome(str(workdir), step, interrupted=received, eval=eval_result,
+                    stopped_early=early["stopped"] and not stop, time=clock.total)
+  if not stop:
+    with clock.part("eval"):
+      outcome.eval = eval_result or evaluate(step, with_bleu=False)
+      _report_test(config, workdir, model, state.params, data.vocab, writer, step, outcome)
   writer.close()
   clock.close_interval()
   _say(clock.summary())
+  if stop:
+    _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
+         f"rerun the same command to resume")
   return outcome
+
+
+def _jit_steps(tc, model, tx, schedule, mesh, state):
+  """The train and eval steps, jitted once with explicit shardings (the state is donated)."""
+  shardings = step_lib.state_shardings(state, mesh, tc.fsdp)
+  chunk = int(tc.get("loss_chunk_tokens", step_lib.DEFAULT_LOSS_CHUNK))
+  train_step = step_lib.jit_train_step(model, tx, schedule, mesh, shardings, label_smoothing=tc.label_smoothing,
+                                       accum_steps=int(tc.grad_accum_steps), loss_chunk_tokens=chunk)
+  eval_step = step_lib.jit_eval_step(model, mesh, shardings.params, label_smoothing=tc.label_smoothing,
+                                     loss_chunk_tokens=chunk)
+  return train_step, eval_step
+
+
+def _check_finite(state, step: int, manager, workdir) -> None:
+  """NonFiniteError if the state stopped being finite (the last good checkpoint is kept)."""
+  bad = int(state.nonfinite_step)
+  if bad >= 0:
+    manager.wait_until_finished()
+    good = manager.latest_step()
+    raise NonFiniteError(
+        f"non-finite loss or gradient at step {bad} (detected by step {step}); training stopped "
+        f"without saving it. Last good checkpoint: "
+        f"{workdir / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
+        f"config.train.learning_rate, config.train.grad_clip_norm > 0 or a longer warmup.")
+
+
+def _postfix(line: dict) -> dict:
+  """The progress bar's figures from a log line."""
+  return dict(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
+              tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
+
+
+class _Profiler:
+  """config.train.profile_steps "A-B": a jax.profiler trace of steps A+1..B in workdir/profile
+  (process 0)."""
+
+  def __init__(self, spec: str, workdir: pathlib.Path, primary: bool):
+    window = _profile_window(spec)   # checked in every process
+    self.window, self.path = window if primary else None, workdir / "profile"
+
+  def before(self, step: int) -> None:
+    if self.window and step == self.window[0]:
+      jax.profiler.start_trace(str(self.path))
+
+  def after(self, step: int, state) -> None:
+    if self.window and step == self.window[1]:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path} "
+           f"(open with TensorBoard's profile plugin or Perfetto)")
 
 
 class _Padding:
