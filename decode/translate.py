@@ -138,13 +138,14 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
               alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
               batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False,
-              mesh=None, source_eos=False):
+              mesh=None, source_eos=False, first_index=0):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
   repetition_penalty) to draw one translation per sentence instead (temperature 0 is greedy); beam_size
-  then only sizes the batches and nbest must be 1. Sentence i is drawn with `seed` and i folded into one
-  key: the same samples on any number of devices, in any batch.
+  then only sizes the batches and nbest must be 1. Sentence i is drawn with `seed` and first_index + i
+  folded into one key: the same samples on any number of devices, in any batch, and in a shard of a
+  larger input that starts at its line first_index (decode/bulk.py).
   max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
@@ -178,7 +179,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   too_long = [i for i, s in enumerate(ids) if len(s) > limit]
   if too_long:
     warnings.warn(f"translate: {len(too_long)} sources are longer than the {limit} tokens the model's "
-                  f"max_len={cfg.max_len} allows and are truncated (first: input line {too_long[0] + 1})",
+                  f"max_len={cfg.max_len} allows and are truncated "
+                  f"(first: input line {first_index + too_long[0] + 1})",
                   stacklevel=2)
     ids = [s[:limit] for s in ids]
   if source_eos:   # after the truncation, so that the source the model sees always ends with EOS
@@ -215,8 +217,9 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
       if prompts:
         src = prompt_lib.translation_prompts(src)
-      index = np.arange(len(sentences), len(sentences) + rows)   # filler rows: keys no sentence uses
-      index[:len(chunk)] = chunk
+      # Filler rows: keys no sentence of this call uses (their samples are discarded).
+      index = np.arange(first_index + len(sentences), first_index + len(sentences) + rows)
+      index[:len(chunk)] = np.asarray(chunk) + first_index
       seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits),
                                            _sentence_keys(rng, jnp.asarray(index, jnp.int32)), weights))
       for r, i in enumerate(chunk):
