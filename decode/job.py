@@ -220,6 +220,10 @@ class Job:
         _remove(self.part_file(p))
         _remove(self.stats_file(p))
         self.release(p)
+      for tmp in self.dir.glob(f"*.{_HOST}.*.tmp"):   # what killed workers on this host were writing
+        pid = tmp.name.split(f".{_HOST}.", 1)[1].split(".")[0]
+        if pid.isdigit() and not _pid_exists(int(pid)):
+          _remove(tmp)
       return True
 
 

@@ -245,6 +245,7 @@ def test_a_worker_killed_mid_job_then_a_rerun_gives_the_uninterrupted_output(run
   subprocess.run(_command(run, long_source, out, "--shard_lines", "4"), env=_env(), check=True, cwd=ROOT)
   assert out.read_bytes() == uninterrupted
   assert len(out.read_text().splitlines()) == 60
+  assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
 
 
 @pytest.mark.slow
