@@ -57,10 +57,11 @@ def work(job: job_lib.Job, opened, settings: dict, *, stale_after: float, on_par
   has). While other live workers hold the last parts, waits, and takes a part over when its holder is
   gone. on_part(stats) is called after each part this worker writes. Returns those parts' stats."""
   mine = []
-  while True:
+  while not job.joined():   # a finished job's parts are gone: nothing to claim
     claim = job.claim(stale_after)
     if claim is None:
       if not job.parts_left():
+        job.join()
         break
       time.sleep(POLL_SECONDS)
       continue
@@ -71,6 +72,4 @@ def work(job: job_lib.Job, opened, settings: dict, *, stale_after: float, on_par
     mine.append(stats)
     if on_part is not None:
       on_part(stats)
-  if not job.joined():
-    job.join()
   return mine

@@ -180,8 +180,10 @@ class Job:
         continue
       with os.fdopen(fd, "w") as f:
         json.dump(dict(host=_HOST, pid=os.getpid(), start=_start_time(os.getpid())), f)
-      if self.is_done(part):   # finished while we looked
+      if self.is_done(part) or self.joined():   # finished while we looked (joined: its part is gone)
         _remove(path)
+        if self.joined():
+          return None
         continue
       return Claim(self, part, path, stale_after)
     return None

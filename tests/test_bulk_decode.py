@@ -73,6 +73,7 @@ def test_parts_joined_equal_the_in_memory_path_byte_for_byte(run, source, tmp_pa
   _decode(run, source, out, "--shard_lines", "7", *MODES[mode])
   assert out.read_text(encoding="utf-8") == expected
   assert "0 lines translated" in capsys.readouterr().err
+  assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
 
 
 def test_a_rerun_translates_only_the_parts_left(run, source, tmp_path, capsys):  # noqa: F811
