@@ -8,11 +8,13 @@ of its own, greedy (--temperature 0), with one CPU device per core:
 - in-memory: today's path, `--input FILE --output -` (stdout to a file): the input read whole and
   translated in one `translate` call;
 - bulk: `--input FILE --output FILE`, in parts of --shard_lines (default 10,000) lines, joined at the end.
-At --small lines the two run in turn, `--repeats` times each, the first rotating, so that load from
+At --small lines the two run in turn, `--repeats` rounds, the first rotating, so that load from
 elsewhere on the machine hits both alike; their outputs must be byte-identical. At --large lines the
 bulk path runs once. Lines/s is input lines over the command's wall time (start-up included, the same
-for both); peak RSS is the child's (os.wait4). The criteria: peak RSS at --large within 1.3x of that
-at --small, and bulk lines/s at --small at least 0.95x the in-memory path's (medians).
+for both); the ratio is the median over rounds of bulk lines/s over in-memory lines/s in the same round.
+CPU seconds (user + system, of the child) are recorded beside: on a machine others share, they vary
+less than wall time. Peak RSS is the child's (os.wait4). The criteria: peak RSS at --large within 1.3x
+of that at --small, and bulk lines/s at --small at least 0.95x the in-memory path's.
 Writes benchmarks/results/bulk_decode.json and prints a table.
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(prog="python -m benchmarks.bulk_decode", description=__doc__.split("\n")[0])
   p.add_argument("--small", type=int, default=100_000, help="input lines of the side-by-side runs")
   p.add_argument("--large", type=int, default=2_000_000, help="input lines of the memory run")
-  p.add_argument("--repeats", type=int, default=2, help="runs of each path at --small")
+  p.add_argument("--repeats", type=int, default=5, help="runs of each path at --small")
   p.add_argument("--shard_lines", type=int, default=10_000)
   p.add_argument("--dir", default=None, help="where the run and the inputs go (default: a temporary dir)")
   p.add_argument("--out", default=str(RESULTS / "bulk_decode.json"))
@@ -94,7 +96,8 @@ def timed(command: list[str], stdout_path=None) -> dict:
     stdout.close()
   if child.returncode != 0:
     raise RuntimeError(f"{' '.join(command)} exited with {child.returncode}: {err.decode()[-2000:]}")
-  return dict(seconds=seconds, peak_rss_mib=usage.ru_maxrss / 1024)
+  return dict(seconds=seconds, cpu_seconds=usage.ru_utime + usage.ru_stime,
+              peak_rss_mib=usage.ru_maxrss / 1024)
 
 
 def main(argv=None):
@@ -137,13 +140,17 @@ def main(argv=None):
   large_lines = sum(1 for _ in open(large_out, "rb"))
 
   rate = {name: statistics.median(args.small / r["seconds"] for r in rs) for name, rs in runs.items()}
+  ratios = [m["seconds"] / b["seconds"] for m, b in zip(runs["in_memory"], runs["bulk"])]
+  cpu_ratios = [m["cpu_seconds"] / b["cpu_seconds"] for m, b in zip(runs["in_memory"], runs["bulk"])]
   rss_small = max(r["peak_rss_mib"] for r in runs["bulk"])
   result = dict(
       what="python -m decode greedy, in-memory vs bulk (parts joined); lines/s of the whole command",
       model=MODEL, small_lines=args.small, large_lines=args.large, shard_lines=args.shard_lines,
       runs=runs, large_bulk=large_run, outputs_identical_at_small=identical,
       large_output_lines=large_lines,
-      lines_per_s=rate, speed_ratio_bulk_over_in_memory=rate["bulk"] / rate["in_memory"],
+      lines_per_s=rate, speed_ratios_per_round=ratios,
+      speed_ratio_bulk_over_in_memory=statistics.median(ratios),
+      cpu_speed_ratio_bulk_over_in_memory=statistics.median(cpu_ratios),
       peak_rss_mib=dict(bulk_small=rss_small, bulk_large=large_run["peak_rss_mib"],
                         in_memory_small=max(r["peak_rss_mib"] for r in runs["in_memory"])),
       rss_ratio_large_over_small=large_run["peak_rss_mib"] / rss_small,
@@ -160,8 +167,10 @@ def render(r: dict) -> str:
   rss = r["peak_rss_mib"]
   return "\n".join([
       f"greedy, {s} lines: in-memory {r['lines_per_s']['in_memory']:.0f} lines/s, bulk "
-      f"{r['lines_per_s']['bulk']:.0f} lines/s: ratio {r['speed_ratio_bulk_over_in_memory']:.3f} "
-      f"(need >= 0.95); outputs identical: {r['outputs_identical_at_small']}",
+      f"{r['lines_per_s']['bulk']:.0f} lines/s (medians); bulk/in-memory per round "
+      f"{' '.join(f'{x:.3f}' for x in r['speed_ratios_per_round'])}, median "
+      f"{r['speed_ratio_bulk_over_in_memory']:.3f} (need >= 0.95); by CPU seconds "
+      f"{r['cpu_speed_ratio_bulk_over_in_memory']:.3f}; outputs identical: {r['outputs_identical_at_small']}",
       f"peak RSS: bulk {s} lines {rss['bulk_small']:.0f} MiB, bulk {big} lines {rss['bulk_large']:.0f} MiB: "
       f"ratio {r['rss_ratio_large_over_small']:.3f} (need <= 1.3); in-memory {s} lines "
       f"{rss['in_memory_small']:.0f} MiB; {big}-line output has {r['large_output_lines']} lines",
