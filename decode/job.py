@@ -89,9 +89,22 @@ def read_shard(path, offset: int, count: int) -> list[str]:
   return out
 
 
+def _flat(manifest: dict) -> dict:
+  """{'input': {...}, 'run': {'step': 5}, 'settings': {'beam_size': 4}} -> {'input': {...}, 'step': 5,
+  'beam_size': 4}: what a refusal names."""
+  flat = {}
+  for key, value in manifest.items():
+    if key in ("run", "settings") and isinstance(value, dict):
+      flat.update(value)
+    else:
+      flat[key] = value
+  return flat
+
+
 def _describe(key, value) -> str:
-  if key == "input":
-    return f"input {value['path']} (sha256 {value['sha256'][:12]}, {value['lines']} lines)"
+  if key == "input" and isinstance(value, dict):
+    return (f"input {value['path']} (sha256 {value['sha256'][:12]}, {value['lines']} lines, "
+            f"--shard_lines {value['shard_lines']})")
   return f"{key}={value!r}"
 
 
@@ -273,12 +286,13 @@ def open_job(output, manifest: dict) -> Job:
     raise UserError(f"{path} is not JSON: it was edited or damaged; delete {directory} to start this "
                     f"job again") from None
   mine = json.loads(json.dumps(manifest))   # tuples as lists, as the file has them
-  changed = [key for key in sorted(set(existing) | set(mine)) if existing.get(key) != mine.get(key)]
+  was, now = _flat(existing), _flat(mine)
+  changed = [key for key in sorted(set(was) | set(now)) if was.get(key) != now.get(key)]
   if changed:
     key = changed[0]
     raise UserError(
-        f"{directory} holds a job for the same --output made with {_describe(key, existing.get(key))}, "
-        f"but this command has {_describe(key, mine.get(key))}"
+        f"{directory} holds a job for the same --output made with {_describe(key, was.get(key))}, but "
+        f"this command has {_describe(key, now.get(key))}"
         + (f" (and {len(changed) - 1} more: {', '.join(changed[1:])})" if len(changed) > 1 else "")
         + f": rerun it with the same settings to finish it, or give another --output, or delete "
           f"{directory} to start over")

@@ -98,12 +98,13 @@ def test_a_rerun_translates_only_the_parts_left(run, source, tmp_path, capsys): 
       [line for i, line in enumerate(whole.splitlines()) if i not in kept]
 
 
-@pytest.mark.parametrize("change, named", [
-    (["--beam_size", "2"], "beam_size"),
-    (["--shard_lines", "8"], "input"),
-    (["--checkpoint", "latest", "--alpha", "0.7"], "alpha"),
+@pytest.mark.parametrize("change, step, named", [
+    (["--beam_size", "2"], 5, "made with beam_size=3, but this command has beam_size=2:"),
+    (["--shard_lines", "8"], 5, "--shard_lines 7), but this command has input"),
+    (["--checkpoint", "latest", "--alpha", "0.7"], 5, "made with alpha=0.6, but this command has alpha=0.7:"),
+    ([], 4, "made with step=4, but this command has step=5:"),   # a newer checkpoint since
 ])
-def test_a_changed_setting_is_refused_naming_it(run, source, tmp_path, capsys, change, named):  # noqa: F811
+def test_a_changed_setting_is_refused_naming_it(run, source, tmp_path, capsys, change, step, named):  # noqa: F811
   out = tmp_path / "hyp.txt"
   directory = job_lib.job_dir(out)
   directory.mkdir()
@@ -113,7 +114,10 @@ def test_a_changed_setting_is_refused_naming_it(run, source, tmp_path, capsys, c
   from decode import bulk
   import run as run_lib
   opened = run_lib.load_run(run)
-  job_lib.open_job(out, bulk.manifest(opened, settings, scanned, pathlib.Path(run), None))
+  manifest = bulk.manifest(opened, settings, scanned, pathlib.Path(run), None)
+  assert manifest["run"]["step"] == 5
+  manifest["run"]["step"] = step
+  job_lib.open_job(out, manifest)
   before = (directory / job_lib.MANIFEST).read_bytes()
   with pytest.raises(SystemExit) as exit_info:
     _decode(run, source, out, "--beam_size", "3", "--shard_lines", "7", *change)
