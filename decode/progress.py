@@ -14,7 +14,8 @@ from decode import job as job_lib
 
 
 class Progress:
-  """Polls OUTPUT.parts/ for finished parts; counts what this command saw finish."""
+  """Polls OUTPUT.parts/ for finished parts; counts what this command saw finish. The bar's rates are
+  averages since it appeared (tqdm's smoothing=0), so that its lines/s and tokens/s agree."""
 
   def __init__(self, output, *, enabled: bool = True):
     self.output = pathlib.Path(output)
@@ -49,9 +50,10 @@ class Progress:
     lines, tokens = self._totals()
     if self.before is None:
       self.before = (lines, tokens)
+      self.bar_start = time.perf_counter()
       self.bar = tqdm.tqdm(total=self.job.lines, initial=lines, desc="decode", unit="line",
-                           disable=not self.enabled, dynamic_ncols=True, file=sys.stderr)
-    elapsed = max(time.perf_counter() - self.start, 1e-9)
+                           disable=not self.enabled, dynamic_ncols=True, file=sys.stderr, smoothing=0)
+    elapsed = max(time.perf_counter() - self.bar_start, 1e-9)
     self.bar.set_postfix_str(f"{(tokens - self.before[1]) / elapsed:.0f} tgt tok/s", refresh=False)
     self.bar.update(lines - self.bar.n)
 
