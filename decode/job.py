@@ -265,12 +265,13 @@ class Claim:
 
 def open_job(output, manifest: dict) -> Job:
   """Creates the job directory with this manifest, or opens the one there if it was made with the
-  same one. A job made with another input, run, checkpoint or setting is a UserError naming what
-  changed: its parts are never mixed with this command's."""
+  same one. An unfinished job made with another input, run, checkpoint or setting is a UserError naming
+  what changed: its parts are never mixed with this command's. A finished one (joined; its parts are
+  gone) is replaced by a new job with this manifest."""
   directory = job_dir(output)
   directory.mkdir(parents=True, exist_ok=True)
   path = directory / MANIFEST
-  manifest = dict(format=FORMAT, **manifest)
+  manifest = {**manifest, "format": FORMAT}
   if not path.exists():
     tmp = _unique_tmp(path)
     write_atomically(tmp, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -288,6 +289,12 @@ def open_job(output, manifest: dict) -> Job:
   mine = json.loads(json.dumps(manifest))   # tuples as lists, as the file has them
   was, now = _flat(existing), _flat(mine)
   changed = [key for key in sorted(set(was) | set(now)) if was.get(key) != now.get(key)]
+  if changed and (directory / DONE).exists():
+    # A finished job has no parts left to mix with: another setting starts a new job, and its join
+    # replaces the output, as the in-memory path's write would.
+    _write_whole(path, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    _remove(directory / DONE)
+    return Job(output, mine)
   if changed:
     key = changed[0]
     raise UserError(

@@ -184,6 +184,17 @@ def test_each_part_is_claimed_once_and_a_dead_holders_part_again(tmp_path):
   assert job.claim(stale_after=60).part == 3
 
 
+def test_a_finished_job_gives_way_to_another_setting_an_unfinished_one_does_not(tmp_path):
+  job = _job(tmp_path)
+  other = dict(job.manifest, settings=dict(beam_size=2))
+  with pytest.raises(job_lib.UserError, match="made with beam_size=None, but this command has beam_size=2"):
+    job_lib.open_job(job.output, other)
+  (job.dir / job_lib.DONE).write_text(json.dumps(dict(bytes=0, lines=10, tgt_tokens=0, seconds=0)))
+  again = job_lib.open_job(job.output, other)
+  assert again.manifest["settings"] == dict(beam_size=2) and not (job.dir / job_lib.DONE).exists()
+  assert json.loads((job.dir / job_lib.MANIFEST).read_text())["settings"] == dict(beam_size=2)
+
+
 def test_join_writes_the_parts_in_input_order_only_when_all_are_done(tmp_path):
   job = _job(tmp_path)
   for part in (3, 1, 0):
