@@ -47,7 +47,8 @@ def job_dir(output) -> pathlib.Path:
 
 def scan_input(path, shard_lines: int) -> dict:
   """One streamed pass over the input: its sha256, size, line count and the byte offset of every
-  shard's first line. Lines end at "\\n" ("\\r\\n" counts as "\\n"); a last line without one counts.
+  shard's first line. Lines end at "\\n" (a "\\r" before it is dropped when read); a last line without
+  one counts.
   A line that is not UTF-8 is a UserError naming the file and line."""
   path = pathlib.Path(path)
   if not path.is_file():
@@ -83,7 +84,7 @@ def read_shard(path, offset: int, count: int) -> list[str]:
   with open(path, "rb") as f:
     f.seek(offset)
     for line in f:
-      out.append(line.decode("utf-8").rstrip("\r\n") if line.endswith(b"\n") else line.decode("utf-8"))
+      out.append(line.decode("utf-8").rstrip("\r\n"))   # as the in-memory path reads stdin
       if len(out) == count:
         break
   return out

@@ -138,6 +138,10 @@ def test_bad_input_is_refused_naming_the_line(run, tmp_path, capsys):  # noqa: F
   with pytest.raises(SystemExit):
     _decode(run, tmp_path / "missing.txt", tmp_path / "hyp.txt")
   assert "missing.txt does not exist" in capsys.readouterr().err
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  _decode(run, empty, tmp_path / "hyp.txt")
+  assert (tmp_path / "hyp.txt").read_bytes() == b""
 
 
 # ------------------------------------------------------------------------------------------------------
