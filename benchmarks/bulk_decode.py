@@ -7,7 +7,8 @@ it is) saved as a run directory, every measurement is one `python -m decode` com
 of its own, greedy (--temperature 0), with one CPU device per core:
 - in-memory: today's path, `--input FILE --output -` (stdout to a file): the input read whole and
   translated in one `translate` call;
-- bulk: `--input FILE --output FILE`, in parts of --shard_lines (default 10,000) lines, joined at the end.
+- bulk: `--input FILE --output FILE`, in parts of --shard_lines lines (default: the command's, 64
+  batches of the shortest bucket: 32,768 lines here), joined at the end.
 At --small lines the two run in turn, `--repeats` rounds, the first rotating, so that load from
 elsewhere on the machine hits both alike; their outputs must be byte-identical. At --large lines the
 bulk path runs once. Lines/s is input lines over the command's wall time (start-up included, the same
@@ -35,16 +36,15 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODEL = dict(d_model=64, d_ff=128, num_heads=2, num_encoder_layers=2, num_decoder_layers=2, max_len=64)
 DISTINCT = 20_000     # distinct source sentences, repeated to make the inputs
 WORDS = 4            # words per source sentence: short, so that the search is cheap and the bookkeeping shows
-FLAGS = ["--temperature", "0", "--beam_size", "1", "--max_extra_len", "4", "--batch_tokens", "16384",
-         "--no_progress"]
+FLAGS = ["--temperature", "0", "--beam_size", "1", "--max_extra_len", "4", "--no_progress"]   # batch_tokens 4096
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(prog="python -m benchmarks.bulk_decode", description=__doc__.split("\n")[0])
   p.add_argument("--small", type=int, default=100_000, help="input lines of the side-by-side runs")
   p.add_argument("--large", type=int, default=2_000_000, help="input lines of the memory run")
-  p.add_argument("--repeats", type=int, default=5, help="runs of each path at --small")
-  p.add_argument("--shard_lines", type=int, default=10_000)
+  p.add_argument("--repeats", type=int, default=4, help="runs of each path at --small")
+  p.add_argument("--shard_lines", type=int, default=None, help="default: python -m decode's")
   p.add_argument("--dir", default=None, help="where the run and the inputs go (default: a temporary dir)")
   p.add_argument("--out", default=str(RESULTS / "bulk_decode.json"))
   return p.parse_args(argv)
@@ -102,6 +102,7 @@ def timed(command: list[str], stdout_path=None) -> dict:
 
 def main(argv=None):
   args = parse_args(argv)
+  commit = harness.commit_of()   # of the code the commands below run
   from data import synthetic
   root = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bulk_decode_"))
   root.mkdir(parents=True, exist_ok=True)
@@ -116,7 +117,7 @@ def main(argv=None):
     if not path.exists():
       write_input(path, sources, lines)
   decode = [sys.executable, "-m", "decode", "--workdir", str(workdir), *FLAGS]
-  bulk = decode + ["--shard_lines", str(args.shard_lines)]
+  bulk = decode + (["--shard_lines", str(args.shard_lines)] if args.shard_lines else [])
 
   def run_bulk(path, name):
     out = root / name
@@ -155,7 +156,8 @@ def main(argv=None):
                         in_memory_small=max(r["peak_rss_mib"] for r in runs["in_memory"])),
       rss_ratio_large_over_small=large_run["peak_rss_mib"] / rss_small,
       machine=harness.machine(), versions=harness.versions(),
-      commit=harness.commit_of(), date=harness.now())
+      command="python -m benchmarks.bulk_decode " + " ".join(sys.argv[1:] if argv is None else argv),
+      commit=commit, date=harness.now())
   pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
   print(render(result))

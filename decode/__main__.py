@@ -103,8 +103,9 @@ def _main(argv) -> None:
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   bulk = parser.add_argument_group("a file to a file, at any size (docs/decoding.md)")
-  bulk.add_argument("--shard_lines", type=int, default=10000,
-                    help="input lines per part: each is translated, and written to OUTPUT.parts/, whole")
+  bulk.add_argument("--shard_lines", type=int, default=None,
+                    help="input lines per part: each is translated, and written to OUTPUT.parts/, whole "
+                         "(default: 64 batches of the shortest sentences, at least 10,000)")
   bulk.add_argument("--processes", type=int, default=1,
                     help="workers that share the parts (on a CPU, each gets --cpu_devices / K devices)")
   bulk.add_argument("--launcher", choices=("local", "slurm"), default="local",
@@ -126,7 +127,7 @@ def _main(argv) -> None:
   if (args.input is None) == (args.prompt is None):
     parser.error("give exactly one of --input (translate) and --prompt (continue a text)")
   bulk_job = args.input not in (None, "-") and args.output != "-"
-  if args.shard_lines < 1 or args.processes < 1:
+  if (args.shard_lines is not None and args.shard_lines < 1) or args.processes < 1:
     parser.error(f"need --shard_lines >= 1 and --processes >= 1 (got {args.shard_lines}, {args.processes})")
   if not bulk_job and (args.processes > 1 or args.launcher == "slurm"):
     parser.error("--processes and --launcher share a job's parts through files: give a file --input and "
@@ -215,7 +216,8 @@ def _check_reference(args, lines: int) -> None:
 def _decode_job(run, args, sampling) -> None:
   """A file to a file, in parts (decode/bulk.py): this process is one worker of the job."""
   from decode import bulk
-  scanned = job_lib.scan_input(args.input, args.shard_lines)
+  shard_lines = args.shard_lines or bulk.default_shard_lines(args.batch_tokens, args.beam_size)
+  scanned = job_lib.scan_input(args.input, shard_lines)
   _check_reference(args, scanned["lines"])
   opened = run.load_run(args.workdir, args.checkpoint)
   settings = _settings(args, sampling, opened)

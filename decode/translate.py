@@ -39,7 +39,7 @@ def bucket_length(length: int) -> int:
   return next(b for b in bucket_lengths(1 << 30) if b >= length)
 
 
-def _pow2_floor(n: int) -> int:
+def pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
@@ -138,7 +138,7 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
               alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
               batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False,
-              mesh=None, source_eos=False, first_index=0):
+              mesh=None, source_eos=False, first_index=0, return_lengths=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -151,6 +151,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
   source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
+  return_lengths: also return, per sentence, the number of target tokens of its best hypothesis (EOS
+  excluded; 0 for an empty source): (translations, lengths).
   mesh: the devices that share each batch (default: run/mesh.py's mesh over this process's devices; on a
   CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
@@ -187,6 +189,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     ids = [s[:limit - 1] + [vocab.eos_id] if s else s for s in ids]
 
   results: list = [None] * len(sentences)
+  tgt_lengths = [0] * len(sentences)
   buckets: dict[int, list[int]] = {}
   for i, s in enumerate(ids):
     if not s:   # nothing to translate
@@ -200,7 +203,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   for padded in sorted(buckets):
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
-    max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
+    max_rows = _round_up(pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
     steps = min(padded + max_extra_len, cfg.max_len - padded - 2 if prompts else limit)
     search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
@@ -222,10 +225,12 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       index[:len(chunk)] = np.asarray(chunk) + first_index
       seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits),
                                            _sentence_keys(rng, jnp.asarray(index, jnp.int32)), weights))
+      best_len = (seqs[:, 0] == EOS).argmax(axis=1)   # [rows]: every hypothesis ends in EOS
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
+        tgt_lengths[i] = int(best_len[r])
       bar.update(len(chunk))
   bar.close()
   if nbest == 1:
-    return [r[0][0] for r in results]
-  return results
+    results = [r[0][0] for r in results]
+  return (results, tgt_lengths) if return_lengths else results

@@ -276,3 +276,27 @@ def test_two_workers_give_the_output_of_one(run, long_source, tmp_path, uninterr
   assert done.returncode == 0, done.stderr
   assert out.read_bytes() == uninterrupted
   assert "60 lines translated" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_benchmark_compares_both_paths_and_checks_their_outputs(tmp_path, capsys):
+  from benchmarks import bulk_decode
+  result = bulk_decode.main(["--small", "300", "--large", "900", "--repeats", "1", "--shard_lines", "100",
+                             "--dir", str(tmp_path), "--out", str(tmp_path / "r.json")])
+  assert result["outputs_identical_at_small"] and result["large_output_lines"] == 900
+  assert len(result["runs"]["bulk"]) == len(result["runs"]["in_memory"]) == 1
+  assert result["speed_ratio_bulk_over_in_memory"] > 0 and result["peak_rss_mib"]["bulk_large"] > 100
+  assert json.loads((tmp_path / "r.json").read_text())["small_lines"] == 300
+  assert "need >= 0.95" in capsys.readouterr().out
+
+
+def test_translate_counts_the_target_tokens_of_each_best_hypothesis(model_and_params, vocab, corpus):  # noqa: F811
+  from decode.translate import translate
+  model, params = model_and_params
+  sources = [s for s, _ in corpus["dev"][:6]] + [""]
+  hyps, lengths = translate(model, params, vocab, sources, beam_size=2, max_extra_len=4, return_lengths=True)
+  assert hyps == translate(model, params, vocab, sources, beam_size=2, max_extra_len=4)
+  assert lengths[-1] == 0 and all(0 <= n <= len(vocab.encode(s)) + 3 for n, s in zip(lengths, sources))
+  assert sum(lengths) > 0 and all(n > 0 for n, h in zip(lengths, hyps) if h)
+  # Detokenizing and tokenizing again mostly gives the same pieces.
+  assert sum(n == len(vocab.encode(h)) for n, h in zip(lengths, hyps)) >= 4
