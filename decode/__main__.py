@@ -208,9 +208,13 @@ def _settings(args, sampling, opened) -> dict:
 
 
 def _check_reference(args, lines: int) -> None:
-  if args.reference and job_lib.count_lines(args.reference, "--reference") != lines:
-    fail(f"--reference {args.reference} has {job_lib.count_lines(args.reference, '--reference')} lines "
-         f"but --input {args.input} has {lines}; they must be line-aligned")
+  """Before any work: --reference must have as many lines as --input."""
+  if not args.reference:
+    return
+  references = job_lib.count_lines(args.reference, "--reference")
+  if references != lines:
+    fail(f"--reference {args.reference} has {references} lines but --input {args.input} has {lines}; "
+         f"they must be line-aligned")
 
 
 def _decode_job(run, args, sampling) -> None:
@@ -249,10 +253,12 @@ def _launch(args, argv) -> None:
     while any(w.poll() is None for w in workers):
       progress.poll()
       time.sleep(0.5)
-    failed = [w.returncode for w in workers if w.returncode != 0]
+    failed = [f"exit status {w.returncode}" for w in workers if w.returncode != 0]
   else:
     from decode import slurm
     job_lib.job_dir(args.output).mkdir(parents=True, exist_ok=True)
+    if args.cpus_per_task:   # one CPU device per core the task is given, not per core of the node
+      command += ["--cpu_devices", str(args.cpus_per_task)]
     handle = slurm.submit(command, job_lib.job_dir(args.output), tasks=args.processes,
                           partition=args.partition, time_minutes=args.time, cpus_per_task=args.cpus_per_task,
                           gpus_per_task=args.gpus_per_task, sbatch=args.sbatch)
@@ -261,11 +267,11 @@ def _launch(args, argv) -> None:
     while not handle.done():
       progress.poll()
       time.sleep(2.0)
-    failed = [str(e) for e in [_task_error(handle, t) for t in range(args.processes)] if e]
+    failed = [error for error in map(lambda t: _task_error(handle, t), range(args.processes)) if error]
   summary = progress.summary()
   print(summary, file=sys.stderr)
   if progress.job is None or not progress.job.joined():
-    fail(f"{len(failed)} of {args.processes} workers failed ({'; '.join(map(str, failed))[:300]}) and "
+    fail(f"{len(failed)} of {args.processes} workers failed ({'; '.join(failed)[:300]}) and "
          f"{args.output} is not finished: rerun the same command to translate the parts left")
   _score(args)
 

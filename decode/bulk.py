@@ -53,8 +53,9 @@ def translate_part(job: job_lib.Job, part: int, opened, settings: dict) -> dict:
   first, _ = job.part_range(part)
   sources = job.read_part_input(part)
   start = time.perf_counter()
+  # With several parts, one program per bucket: see translate's full_batches.
   out, lengths = translate(opened.model, opened.params, opened.vocab, sources, first_index=first,
-                           return_lengths=True, **settings)
+                           return_lengths=True, full_batches=job.num_parts > 1, **settings)
   seconds = time.perf_counter() - start
   stats = dict(part=part, lines=len(sources), tgt_tokens=sum(lengths), seconds=round(seconds, 3))
   job.write_part(part, format_lines(out, first, settings["nbest"]), stats)

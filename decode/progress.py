@@ -25,6 +25,7 @@ class Progress:
     self.seen: dict[int, dict] = {}     # part -> its stats, once done
     self.before: tuple[int, int] | None = None   # lines, target tokens done when we first looked
     self.bar = None
+    self.stamp = None                   # the manifest's mtime when read
 
   def _totals(self) -> tuple[int, int]:
     done = self.job.dir / job_lib.DONE
@@ -41,12 +42,16 @@ class Progress:
     return sum(s["lines"] for s in stats), sum(s["tgt_tokens"] for s in stats)
 
   def poll(self) -> None:
-    if self.job is None:
-      manifest = job_lib.job_dir(self.output) / job_lib.MANIFEST
-      try:
-        self.job = job_lib.Job(self.output, json.loads(manifest.read_text()))
-      except (FileNotFoundError, json.JSONDecodeError):   # no worker has made it yet
-        return
+    manifest = job_lib.job_dir(self.output) / job_lib.MANIFEST
+    try:
+      stamp = manifest.stat().st_mtime_ns
+      if stamp != self.stamp:   # the first look, or a finished job's manifest replaced by a new job's
+        self.job, self.stamp = job_lib.Job(self.output, json.loads(manifest.read_text())), stamp
+        if self.bar is not None:
+          self.bar.close()
+        self.seen, self.before, self.bar = {}, None, None
+    except (FileNotFoundError, json.JSONDecodeError):   # no worker has made it yet
+      return
     lines, tokens = self._totals()
     if self.before is None:
       self.before = (lines, tokens)

@@ -138,7 +138,7 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
               alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
               batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False,
-              mesh=None, source_eos=False, first_index=0, return_lengths=False):
+              mesh=None, source_eos=False, first_index=0, return_lengths=False, full_batches=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
@@ -151,6 +151,9 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
   source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
+  full_batches: give every batch its bucket's full number of rows, also where a bucket has fewer
+  sentences (one program per bucket; decode/bulk.py's parts, where the small buckets' sizes vary from
+  part to part and would otherwise compile a program for each power of two they reach).
   return_lengths: also return, per sentence, the number of target tokens of its best hypothesis (EOS
   excluded; 0 for an empty source): (translations, lengths).
   mesh: the devices that share each batch (default: run/mesh.py's mesh over this process's devices; on a
@@ -208,7 +211,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
     search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
-      rows = batch_rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
+      small = len(members) <= max_rows and not full_batches   # the bucket is one batch of its own size
+      rows = batch_rows(len(chunk) if small else max_rows, max_rows)
       rows = _round_up(rows, num_devices)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
