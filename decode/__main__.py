@@ -1,7 +1,13 @@
 """`python -m decode`: translate raw text with a trained run, and score it against a reference.
 
     python -m decode --workdir runs/default --input test.en --output test.hyp [--reference test.de]
+    python -m decode --workdir runs/default --input mono.de --output mono.en --processes 4   # a corpus
     echo "the small dog sees a house." | python -m decode --workdir runs/default --input - --output -
+
+A file --input to a file --output is decoded in shards of --shard_lines lines, each written whole into
+OUTPUT.parts/ and joined in input order at the end (docs/decoding.md): the same command run again
+takes up where a killed one stopped, and refuses to mix in other settings; several workers (--processes
+K, the same command started K times, or --launcher slurm) share the shards. stdin or stdout: in memory.
 
 Uses the run's config (architecture), vocab.model and newest checkpoint (or --checkpoint STEP|averaged);
 a vocabulary that is not the one the checkpoint was trained with is refused. Output lines follow input
@@ -13,10 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import subprocess
 import sys
+import time
 
 from data import tasks
 from decode import DEFAULTS
+from decode import job as job_lib
+from decode.progress import Progress
 from run.user_errors import fail, reported
 
 
@@ -92,9 +102,39 @@ def _main(argv) -> None:
                            "shares each batch's sentences out over all devices")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
+  bulk = parser.add_argument_group("a file to a file, at any size (docs/decoding.md)")
+  bulk.add_argument("--shard_lines", type=int, default=None,
+                    help="input lines per part: each is translated, and written to OUTPUT.parts/, whole "
+                         "(default: 64 batches of the shortest sentences, at least 10,000)")
+  bulk.add_argument("--processes", type=int, default=1,
+                    help="workers that share the parts (on a CPU, each gets --cpu_devices / K devices)")
+  bulk.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                    help="where the --processes workers run: here, or as the tasks of one SLURM job")
+  bulk.add_argument("--stale_after", type=float, default=600.0,
+                    help="seconds after which a claim by a worker on another host that stopped "
+                         "refreshing it is taken over (one on this host: as soon as its process ends)")
+  bulk.add_argument("--no_progress", action="store_true", help="no progress bar")
+  bulk.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)   # started by a launcher
+  slurm = parser.add_argument_group("--launcher slurm (with submitit)")
+  slurm.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's)")
+  slurm.add_argument("--time", type=int, default=60, help="time limit of the job in minutes")
+  slurm.add_argument("--cpus_per_task", type=int, default=None, help="CPUs per task")
+  slurm.add_argument("--gpus_per_task", type=int, default=0, help="GPUs per task")
+  slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
+                     help="an extra #SBATCH option, e.g. --sbatch account=abc (repeatable)")
   args = parser.parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
   if (args.input is None) == (args.prompt is None):
     parser.error("give exactly one of --input (translate) and --prompt (continue a text)")
+  bulk_job = args.input not in (None, "-") and args.output != "-"
+  if (args.shard_lines is not None and args.shard_lines < 1) or args.processes < 1:
+    parser.error(f"need --shard_lines >= 1 and --processes >= 1 (got {args.shard_lines}, {args.processes})")
+  if not bulk_job and (args.processes > 1 or args.launcher == "slurm"):
+    parser.error("--processes and --launcher share a job's parts through files: give a file --input and "
+                 "a file --output")
+  if bulk_job and not args.worker and (args.processes > 1 or args.launcher == "slurm"):
+    _launch(args, argv)
+    return
   use_cpu_devices(args.cpu_devices)
   # JAX reads the device count when it starts: import what pulls it in only now.
   import run
@@ -125,6 +165,9 @@ def _main(argv) -> None:
   if args.prompt is not None:
     _continue_prompt(run, args)
     return
+  if bulk_job:
+    _decode_job(run, args, sampling)
+    return
   sources = _read_lines(args.input, "--input")
   references = _read_lines(args.reference, "--reference") if args.reference else None
   if references is not None and len(references) != len(sources):
@@ -154,6 +197,104 @@ def _main(argv) -> None:
     print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
     print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}",
           file=sys.stderr)
+
+
+def _settings(args, sampling, opened) -> dict:
+  """translate's keyword arguments: every decoding setting the output depends on (the manifest's)."""
+  return dict(beam_size=args.beam_size, alpha=args.alpha, max_extra_len=args.max_extra_len,
+              batch_tokens=args.batch_tokens, nbest=args.nbest, min_len=args.min_len, sampling=sampling,
+              seed=args.seed if sampling is not None else 0,
+              source_eos=bool(opened.config.data.get("source_eos", False)))
+
+
+def _check_reference(args, lines: int) -> None:
+  """Before any work: --reference must have as many lines as --input."""
+  if not args.reference:
+    return
+  references = job_lib.count_lines(args.reference, "--reference")
+  if references != lines:
+    fail(f"--reference {args.reference} has {references} lines but --input {args.input} has {lines}; "
+         f"they must be line-aligned")
+
+
+def _decode_job(run, args, sampling) -> None:
+  """A file to a file, in parts (decode/bulk.py): this process is one worker of the job."""
+  from decode import bulk
+  shard_lines = args.shard_lines or bulk.default_shard_lines(args.batch_tokens, args.beam_size)
+  scanned = job_lib.scan_input(args.input, shard_lines)
+  _check_reference(args, scanned["lines"])
+  opened = run.load_run(args.workdir, args.checkpoint)
+  settings = _settings(args, sampling, opened)
+  job = job_lib.open_job(args.output, bulk.manifest(opened, settings, scanned, pathlib.Path(args.workdir),
+                                                    args.checkpoint))
+  if not args.worker:
+    print(f"[decode] {job.lines} lines in {job.num_parts} parts of {job.shard_lines} with {args.workdir} "
+          f"step {opened.step}: {job.num_parts - len(job.parts_left())} parts done before", file=sys.stderr)
+  progress = Progress(args.output, enabled=not (args.worker or args.no_progress))
+  progress.poll()
+  bulk.work(job, opened, settings, stale_after=args.stale_after, on_part=lambda _: progress.poll())
+  summary = progress.summary()
+  if not args.worker:
+    print(summary, file=sys.stderr)
+    _score(args)
+
+
+def _launch(args, argv) -> None:
+  """--processes K workers here, or the K tasks of a SLURM job; shows the job's progress from its
+  directory until they end. One worker's death does not stop the others; the parts it held are taken
+  over by those left, or by the next run of the same command."""
+  if args.reference:
+    _check_reference(args, job_lib.count_lines(args.input, "--input"))
+  command = [sys.executable, "-m", "decode", *argv, "--worker", "--processes", "1"]
+  progress = Progress(args.output, enabled=not args.no_progress)
+  if args.launcher == "local":
+    per_worker = max(1, args.cpu_devices // args.processes)
+    workers = [subprocess.Popen(command + ["--cpu_devices", str(per_worker)]) for _ in range(args.processes)]
+    while any(w.poll() is None for w in workers):
+      progress.poll()
+      time.sleep(0.5)
+    failed = [f"exit status {w.returncode}" for w in workers if w.returncode != 0]
+  else:
+    from decode import slurm
+    job_lib.job_dir(args.output).mkdir(parents=True, exist_ok=True)
+    if args.cpus_per_task:   # one CPU device per core the task is given, not per core of the node
+      command += ["--cpu_devices", str(args.cpus_per_task)]
+    handle = slurm.submit(command, job_lib.job_dir(args.output), tasks=args.processes,
+                          partition=args.partition, time_minutes=args.time, cpus_per_task=args.cpus_per_task,
+                          gpus_per_task=args.gpus_per_task, sbatch=args.sbatch)
+    print(f"[decode] submitted SLURM job {handle.job_id} ({args.processes} tasks); its logs: "
+          f"{job_lib.job_dir(args.output) / slurm.FOLDER}", file=sys.stderr)
+    while not handle.done():
+      progress.poll()
+      time.sleep(2.0)
+    failed = [error for error in map(lambda t: _task_error(handle, t), range(args.processes)) if error]
+  summary = progress.summary()
+  print(summary, file=sys.stderr)
+  if progress.job is None or not progress.job.joined():
+    fail(f"{len(failed)} of {args.processes} workers failed ({'; '.join(failed)[:300]}) and "
+         f"{args.output} is not finished: rerun the same command to translate the parts left")
+  _score(args)
+
+
+def _task_error(handle, task: int) -> str | None:
+  try:
+    handle.task(task).result()
+  except Exception as error:  # noqa: BLE001 - submitit raises what the task raised, or its own errors
+    return f"task {task}: {' '.join(str(error).split())[:200]}"
+  return None
+
+
+def _score(args) -> None:
+  """--reference: sacreBLEU and paper-style BLEU of the output (of its best hypotheses, with --nbest)."""
+  if not args.reference:
+    return
+  from decode.bleu import paper_bleu, sacrebleu_score
+  lines = job_lib.read_shard(args.output, 0, -1)
+  hyps = lines if args.nbest == 1 else [line.split("\t", 3)[3] for line in lines[::args.nbest]]
+  references = job_lib.read_shard(args.reference, 0, -1)
+  score, signature = sacrebleu_score(hyps, references)
+  print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
+  print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}", file=sys.stderr)
 
 
 def _continue_prompt(run, args) -> None:

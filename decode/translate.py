@@ -39,7 +39,7 @@ def bucket_length(length: int) -> int:
   return next(b for b in bucket_lengths(1 << 30) if b >= length)
 
 
-def _pow2_floor(n: int) -> int:
+def pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
@@ -138,18 +138,24 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],
               alpha=DEFAULTS["alpha"], max_extra_len=DEFAULTS["max_extra_len"],
               batch_tokens=DEFAULTS["batch_tokens"], nbest=1, min_len=0, sampling=None, seed=0, progress=False,
-              mesh=None, source_eos=False):
+              mesh=None, source_eos=False, first_index=0, return_lengths=False, full_batches=False):
   """Translates raw sentences with beam search; returns their translations in input order.
 
   sampling: None (beam search), or a dict of decode.sampling.sample settings (temperature, top_k, top_p,
   repetition_penalty) to draw one translation per sentence instead (temperature 0 is greedy); beam_size
-  then only sizes the batches and nbest must be 1. Sentence i is drawn with `seed` and i folded into one
-  key: the same samples on any number of devices, in any batch.
+  then only sizes the batches and nbest must be 1. Sentence i is drawn with `seed` and first_index + i
+  folded into one key: the same samples on any number of devices, in any batch, and in a shard of a
+  larger input that starts at its line first_index (decode/bulk.py).
   max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
   batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
   source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
+  full_batches: give every batch its bucket's full number of rows, also where a bucket has fewer
+  sentences (one program per bucket; decode/bulk.py's parts, where the small buckets' sizes vary from
+  part to part and would otherwise compile a program for each power of two they reach).
+  return_lengths: also return, per sentence, the number of target tokens of its best hypothesis (EOS
+  excluded; 0 for an empty source): (translations, lengths).
   mesh: the devices that share each batch (default: run/mesh.py's mesh over this process's devices; on a
   CPU, `--xla_force_host_platform_device_count=CORES` makes one device per core).
   """
@@ -178,13 +184,15 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   too_long = [i for i, s in enumerate(ids) if len(s) > limit]
   if too_long:
     warnings.warn(f"translate: {len(too_long)} sources are longer than the {limit} tokens the model's "
-                  f"max_len={cfg.max_len} allows and are truncated (first: input line {too_long[0] + 1})",
+                  f"max_len={cfg.max_len} allows and are truncated "
+                  f"(first: input line {first_index + too_long[0] + 1})",
                   stacklevel=2)
     ids = [s[:limit] for s in ids]
   if source_eos:   # after the truncation, so that the source the model sees always ends with EOS
     ids = [s[:limit - 1] + [vocab.eos_id] if s else s for s in ids]
 
   results: list = [None] * len(sentences)
+  tgt_lengths = [0] * len(sentences)
   buckets: dict[int, list[int]] = {}
   for i, s in enumerate(ids):
     if not s:   # nothing to translate
@@ -198,12 +206,13 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   for padded in sorted(buckets):
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
     # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
-    max_rows = _round_up(_pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
+    max_rows = _round_up(pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
     steps = min(padded + max_extra_len, cfg.max_len - padded - 2 if prompts else limit)
     search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):
       chunk = members[start:start + max_rows]
-      rows = batch_rows(len(chunk) if len(members) <= max_rows else max_rows, max_rows)
+      small = len(members) <= max_rows and not full_batches   # the bucket is one batch of its own size
+      rows = batch_rows(len(chunk) if small else max_rows, max_rows)
       rows = _round_up(rows, num_devices)
       src = np.zeros((rows, padded), np.int32)
       src[:, 0] = vocab.eos_id        # filler rows: a one-token source, discarded
@@ -215,14 +224,17 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       limits = np.minimum(lengths + max_extra_len, steps).astype(np.int32)
       if prompts:
         src = prompt_lib.translation_prompts(src)
-      index = np.arange(len(sentences), len(sentences) + rows)   # filler rows: keys no sentence uses
-      index[:len(chunk)] = chunk
+      # Filler rows: keys no sentence of this call uses (their samples are discarded).
+      index = np.arange(first_index + len(sentences), first_index + len(sentences) + rows)
+      index[:len(chunk)] = np.asarray(chunk) + first_index
       seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits),
                                            _sentence_keys(rng, jnp.asarray(index, jnp.int32)), weights))
+      best_len = (seqs[:, 0] == EOS).argmax(axis=1)   # [rows]: every hypothesis ends in EOS
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]
+        tgt_lengths[i] = int(best_len[r])
       bar.update(len(chunk))
   bar.close()
   if nbest == 1:
-    return [r[0][0] for r in results]
-  return results
+    results = [r[0][0] for r in results]
+  return (results, tgt_lengths) if return_lengths else results

@@ -1,0 +1,302 @@
+"""Bulk decoding (`python -m decode` from a file to a file): parts, claims, resume, workers.
+
+The model and run directory are test_translate's (a tiny random Transformer saved as a run).
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from decode import job as job_lib
+from decode.__main__ import main as decode_main
+from test_translate import corpus, model_and_params, run, vocab  # noqa: F401 - module fixtures
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, corpus):  # noqa: F811
+  """30 lines of several lengths, two of them empty, one with a UTF-8 letter, the last without "\\n"."""
+  lines = [s for s, _ in corpus["dev"][:28]]
+  lines[5] = ""
+  lines[17] = ""
+  lines[9] = lines[9] + " é"
+  lines += [corpus["test"][0][0], corpus["test"][1][0]]
+  path = tmp_path_factory.mktemp("src") / "src.txt"
+  path.write_text("\n".join(lines), encoding="utf-8")
+  return path
+
+
+MODES = {
+    "beam": ["--beam_size", "3"],
+    "greedy": ["--temperature", "0"],
+    "sampling": ["--temperature", "2.0", "--top_k", "20", "--seed", "7"],
+    "nbest": ["--beam_size", "3", "--nbest", "2"],
+}
+
+
+def _decode(run, source, output, *flags):  # noqa: F811
+  decode_main(["--workdir", str(run), "--input", str(source), "--output", str(output),
+               "--max_extra_len", "6", "--batch_tokens", "288", "--no_progress", *flags])
+
+
+def _in_memory(run, source, capsys, *flags):  # noqa: F811
+  """Today's in-memory path: the whole input from stdin, the whole output to stdout."""
+  capsys.readouterr()
+  stdin = sys.stdin
+  try:
+    sys.stdin = open(source, encoding="utf-8")
+    _decode(run, "-", "-", *flags)
+  finally:
+    sys.stdin.close()
+    sys.stdin = stdin
+  return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_parts_joined_equal_the_in_memory_path_byte_for_byte(run, source, tmp_path, capsys, mode):  # noqa: F811
+  expected = _in_memory(run, source, capsys, *MODES[mode])
+  assert expected.count("\n") == 30 * (2 if mode == "nbest" else 1)
+  out = tmp_path / "hyp.txt"
+  _decode(run, source, out, "--shard_lines", "7", *MODES[mode])
+  assert out.read_text(encoding="utf-8") == expected
+  err = capsys.readouterr().err
+  assert "30 lines in 5 parts of 7" in err and "30 lines translated" in err
+  # The parts are joined and gone; the manifest stays, and a rerun has nothing to do.
+  parts = job_lib.job_dir(out)
+  assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
+  _decode(run, source, out, "--shard_lines", "7", *MODES[mode])
+  assert out.read_text(encoding="utf-8") == expected
+  assert "0 lines translated" in capsys.readouterr().err
+  assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
+
+
+def test_a_rerun_translates_only_the_parts_left(run, source, tmp_path, capsys):  # noqa: F811
+  out = tmp_path / "hyp.txt"
+  _decode(run, source, out, "--shard_lines", "7")
+  whole = out.read_text()
+  out.unlink()
+  (job_lib.job_dir(out) / job_lib.DONE).unlink()
+  job = job_lib.Job(out, json.loads((job_lib.job_dir(out) / job_lib.MANIFEST).read_text()))
+  # As if a killed job had finished parts 0, 1 and 3: write them back with marked text.
+  for part in (0, 1, 3):
+    first, end = job.part_range(part)
+    job.write_part(part, "".join(f"kept {i}\n" for i in range(first, end)),
+                   dict(part=part, lines=end - first, tgt_tokens=0, seconds=0.0))
+  capsys.readouterr()
+  _decode(run, source, out, "--shard_lines", "7")
+  text = out.read_text().splitlines()
+  assert "3 parts done before" in capsys.readouterr().err
+  kept = [i for i, line in enumerate(text) if line.startswith("kept ")]
+  assert kept == list(range(0, 14)) + list(range(21, 28))
+  assert [line for i, line in enumerate(text) if i not in kept] == \
+      [line for i, line in enumerate(whole.splitlines()) if i not in kept]
+
+
+@pytest.mark.parametrize("change, step, named", [
+    (["--beam_size", "2"], 5, "made with beam_size=3, but this command has beam_size=2:"),
+    (["--shard_lines", "8"], 5, "--shard_lines 7), but this command has input"),
+    (["--checkpoint", "latest", "--alpha", "0.7"], 5, "made with alpha=0.6, but this command has alpha=0.7:"),
+    ([], 4, "made with step=4, but this command has step=5:"),   # a newer checkpoint since
+])
+def test_a_changed_setting_is_refused_naming_it(run, source, tmp_path, capsys, change, step, named):  # noqa: F811
+  out = tmp_path / "hyp.txt"
+  directory = job_lib.job_dir(out)
+  directory.mkdir()
+  scanned = job_lib.scan_input(source, 7)
+  settings = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=288, nbest=1, min_len=0,
+                  sampling=None, seed=0, source_eos=False)
+  from decode import bulk
+  import run as run_lib
+  opened = run_lib.load_run(run)
+  manifest = bulk.manifest(opened, settings, scanned, pathlib.Path(run), None)
+  assert manifest["run"]["step"] == 5
+  manifest["run"]["step"] = step
+  job_lib.open_job(out, manifest)
+  before = (directory / job_lib.MANIFEST).read_bytes()
+  with pytest.raises(SystemExit) as exit_info:
+    _decode(run, source, out, "--beam_size", "3", "--shard_lines", "7", *change)
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"error: {directory} holds a job" in err and named in err
+  assert "delete" in err and not out.exists()
+  assert (directory / job_lib.MANIFEST).read_bytes() == before
+  assert sorted(p.name for p in directory.iterdir()) == [job_lib.MANIFEST]
+
+
+def test_bad_input_is_refused_naming_the_line(run, tmp_path, capsys):  # noqa: F811
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"fine\nalso fine\n\xff\xfe broken\n")
+  with pytest.raises(SystemExit) as exit_info:
+    _decode(run, bad, tmp_path / "hyp.txt")
+  assert exit_info.value.code == 2 and f"--input {bad}: line 3 is not valid UTF-8" in capsys.readouterr().err
+  assert not (tmp_path / "hyp.txt").exists()
+  with pytest.raises(SystemExit):
+    _decode(run, tmp_path / "missing.txt", tmp_path / "hyp.txt")
+  assert "missing.txt does not exist" in capsys.readouterr().err
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  _decode(run, empty, tmp_path / "hyp.txt")
+  assert (tmp_path / "hyp.txt").read_bytes() == b""
+
+
+# ------------------------------------------------------------------------------------------------------
+# Claims, without a model.
+# ------------------------------------------------------------------------------------------------------
+
+def _job(tmp_path, lines=10, shard_lines=3):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(f"line {i}\n" for i in range(lines)))
+  return job_lib.open_job(tmp_path / "out.txt", dict(input=job_lib.scan_input(source, shard_lines)))
+
+
+def test_scan_counts_lines_and_shard_offsets_as_read_back(tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_bytes(b"a\r\n\nb c\n\xc3\xa9\nlast")
+  scanned = job_lib.scan_input(source, 2)
+  assert scanned["lines"] == 5 and len(scanned["offsets"]) == 3
+  job = job_lib.Job(tmp_path / "o.txt", dict(input=scanned))
+  assert [job.read_part_input(p) for p in range(3)] == [["a", ""], ["b c", "é"], ["last"]]
+
+
+def test_each_part_is_claimed_once_and_a_dead_holders_part_again(tmp_path):
+  job = _job(tmp_path)
+  assert job.num_parts == 4
+  claims = [job.claim(stale_after=60) for _ in range(4)]
+  assert [c.part for c in claims] == [0, 1, 2, 3]
+  assert job.claim(stale_after=60) is None          # all held by a live worker (this one)
+  claims[1].release()
+  assert job.claim(stale_after=60).part == 1        # released, not done: claimed again
+  # A holder whose process has ended (here: a child that exited) loses its claim at once.
+  child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                         text=True, check=True)
+  dead = json.loads(claims[2].path.read_text())
+  claims[2]._stop.set()
+  claims[2].path.write_text(json.dumps(dict(dead, pid=int(child.stdout), start=1)))
+  again = job.claim(stale_after=60)
+  assert again.part == 2 and again.path.name == "part-00002.claim.1"
+  # A holder on another host is alive while it refreshes its claim, and gone once it stops.
+  claims[3]._stop.set()
+  claims[3].path.write_text(json.dumps(dict(host="elsewhere", pid=1, start=1)))
+  assert job.claim(stale_after=60) is None
+  old = time.time() - 120
+  os.utime(claims[3].path, (old, old))
+  assert job.claim(stale_after=60).part == 3
+
+
+def test_a_finished_job_gives_way_to_another_setting_an_unfinished_one_does_not(tmp_path):
+  job = _job(tmp_path)
+  other = dict(job.manifest, settings=dict(beam_size=2))
+  with pytest.raises(job_lib.UserError, match="made with beam_size=None, but this command has beam_size=2"):
+    job_lib.open_job(job.output, other)
+  (job.dir / job_lib.DONE).write_text(json.dumps(dict(bytes=0, lines=10, tgt_tokens=0, seconds=0)))
+  again = job_lib.open_job(job.output, other)
+  assert again.manifest["settings"] == dict(beam_size=2) and not (job.dir / job_lib.DONE).exists()
+  assert json.loads((job.dir / job_lib.MANIFEST).read_text())["settings"] == dict(beam_size=2)
+
+
+def test_join_writes_the_parts_in_input_order_only_when_all_are_done(tmp_path):
+  job = _job(tmp_path)
+  for part in (3, 1, 0):
+    first, end = job.part_range(part)
+    job.write_part(part, "".join(f"out {i}\n" for i in range(first, end)),
+                   dict(part=part, lines=end - first, tgt_tokens=2, seconds=0.1))
+  with pytest.raises(RuntimeError, match=r"parts \[2\]"):
+    job.join()
+  assert not job.output.exists() and job.parts_left() == [2]
+  job.write_part(2, "out 6\nout 7\nout 8\n", dict(part=2, lines=3, tgt_tokens=2, seconds=0.1))
+  assert job.join() and not job.join()
+  assert job.output.read_text() == "".join(f"out {i}\n" for i in range(10))
+  assert job.joined() and json.loads((job.dir / job_lib.DONE).read_text())["lines"] == 10
+  assert not list(job.dir.glob("part-*"))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Worker processes.
+# ------------------------------------------------------------------------------------------------------
+
+def _env():
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+  env["JAX_COMPILATION_CACHE_DIR"] = str(pathlib.Path.home() / ".cache" / "aiayn_jax_tests")
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def _command(run, source, out, *flags):  # noqa: F811
+  return [sys.executable, "-m", "decode", "--workdir", str(run), "--input", str(source), "--output",
+          str(out), "--max_extra_len", "6", "--batch_tokens", "288", "--beam_size", "2", "--no_progress",
+          "--cpu_devices", "1", *flags]
+
+
+@pytest.fixture(scope="module")
+def long_source(tmp_path_factory, corpus):  # noqa: F811
+  lines = [s for s, _ in corpus["test"][:60]]
+  lines[10] = ""
+  path = tmp_path_factory.mktemp("long") / "src.txt"
+  path.write_text("".join(line + "\n" for line in lines))
+  return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(run, long_source, tmp_path_factory):  # noqa: F811
+  out = tmp_path_factory.mktemp("one") / "hyp.txt"
+  subprocess.run(_command(run, long_source, out, "--shard_lines", "4"), env=_env(), check=True, cwd=ROOT)
+  return out.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_job_then_a_rerun_gives_the_uninterrupted_output(run, long_source, tmp_path,  # noqa: F811
+                                                                             uninterrupted):
+  out = tmp_path / "hyp.txt"
+  worker = subprocess.Popen(_command(run, long_source, out, "--shard_lines", "4"), env=_env(), cwd=ROOT)
+  parts = job_lib.job_dir(out)
+  while not list(parts.glob("part-0000[2-9].txt")):
+    assert worker.poll() is None, "the worker ended before it could be killed"
+    time.sleep(0.02)
+  worker.send_signal(signal.SIGKILL)
+  worker.wait()
+  done = len(list(parts.glob("part-*.txt")))
+  assert 3 <= done < 15 and not out.exists()
+  assert list(parts.glob("part-*.claim.*"))    # the killed worker's claim is left behind
+  subprocess.run(_command(run, long_source, out, "--shard_lines", "4"), env=_env(), check=True, cwd=ROOT)
+  assert out.read_bytes() == uninterrupted
+  assert len(out.read_text().splitlines()) == 60
+  assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_output_of_one(run, long_source, tmp_path, uninterrupted):  # noqa: F811
+  out = tmp_path / "hyp.txt"
+  done = subprocess.run(_command(run, long_source, out, "--shard_lines", "4", "--processes", "2"),
+                        env=_env(), cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr
+  assert out.read_bytes() == uninterrupted
+  assert "60 lines translated" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_benchmark_compares_both_paths_and_checks_their_outputs(tmp_path, capsys):
+  from benchmarks import bulk_decode
+  result = bulk_decode.main(["--small", "300", "--large", "900", "--repeats", "1", "--shard_lines", "100",
+                             "--dir", str(tmp_path), "--out", str(tmp_path / "r.json")])
+  assert result["outputs_identical_at_small"] and result["large_output_lines"] == 900
+  assert len(result["runs"]["bulk"]) == len(result["runs"]["in_memory"]) == 1
+  assert result["speed_ratio_bulk_over_in_memory"] > 0 and result["peak_rss_mib"]["bulk_large"] > 100
+  assert json.loads((tmp_path / "r.json").read_text())["small_lines"] == 300
+  assert "need >= 0.95" in capsys.readouterr().out
+
+
+def test_translate_counts_the_target_tokens_of_each_best_hypothesis(model_and_params, vocab, corpus):  # noqa: F811
+  from decode.translate import translate
+  model, params = model_and_params
+  sources = [s for s, _ in corpus["dev"][:6]] + [""]
+  hyps, lengths = translate(model, params, vocab, sources, beam_size=2, max_extra_len=4, return_lengths=True)
+  assert hyps == translate(model, params, vocab, sources, beam_size=2, max_extra_len=4)
+  assert lengths[-1] == 0 and all(0 <= n <= len(vocab.encode(s)) + 3 for n, s in zip(lengths, sources))
+  assert sum(lengths) > 0 and all(n > 0 for n, h in zip(lengths, hyps) if h)
+  # Detokenizing and tokenizing again mostly gives the same pieces.
+  assert sum(n == len(vocab.encode(h)) for n, h in zip(lengths, hyps)) >= 4
