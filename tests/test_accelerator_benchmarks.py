@@ -11,13 +11,16 @@ from model import TransformerConfig
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
 
 
-def test_docs_quote_the_remat_and_scan_results():
-  """docs/accelerators.md holds the table `render` makes of every remat_scan results file."""
+@pytest.mark.parametrize("pattern, render", [("remat_scan-*.json", remat_scan.render),
+                                             ("*-check*.json", accelerator.render)], ids=["remat_scan", "check"])
+def test_docs_quote_the_results(pattern, render):
+  """docs/accelerators.md holds the table `render` makes of every results file: remat_scan's and each
+  committed device check's."""
   page = DOCS.read_text()
-  files = sorted(accelerator.RESULTS.glob("remat_scan-*.json"))
-  assert files, "no results: python -m benchmarks.remat_scan"
+  files = sorted(accelerator.RESULTS.glob(pattern))
+  assert files, f"no results matching {pattern}"
   for path in files:
-    assert remat_scan.render(json.loads(path.read_text())) in page, f"{path.name}: docs are stale"
+    assert render(json.loads(path.read_text())) in page, f"{path.name}: docs are stale"
 
 
 def test_check_command_names_the_attention_and_sizes_models_for_a_cpu():
@@ -63,15 +66,6 @@ def test_a_check_cut_short_keeps_what_it_measured(tmp_path, monkeypatch):
   monkeypatch.setattr(accelerator, "run", lambda *args, save: {"backend": "gpu", "models": {}})
   accelerator.main(["--out", str(out)])
   assert json.loads(out.read_text())["complete"] is True
-
-
-def test_docs_quote_the_accelerator_checks():
-  """docs/accelerators.md holds the table `render` makes of every committed device check."""
-  page = DOCS.read_text()
-  files = sorted(accelerator.RESULTS.glob("*-check*.json"))
-  assert files, "no device check results"
-  for path in files:
-    assert accelerator.render(json.loads(path.read_text())) in page, f"{path.name}: docs are stale"
 
 
 def test_the_fixed_cost_is_the_intercept_of_the_sweep():
