@@ -15,7 +15,7 @@ Expected (docs/small_corpus.md, which has the measured runs), with :bf16 on a CP
 test sacreBLEU of the final parameters (whole test split) against the default settings on the same files,
 on the software-message corpora of scripts/build_po_corpus.py: English->German (--lang de, 75k pairs)
 27.8 against 13.3, 2.08x; English->Romanian (--lang ro, 35k pairs) 38.9 against 22.3, 1.75x
-(2026-11-26; Romanian's second seed 38.4, 1.72x; without weight decay 35.2, 1.58x).
+(Romanian's second seed 38.4, 1.72x; without weight decay 35.2, 1.58x).
 Alone on 2 cores a run takes about 9 minutes (the default settings about 5). The float32 default's 1,190
 steps have not been run on these corpora.
 

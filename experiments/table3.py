@@ -48,7 +48,7 @@ Past one pass ('cpu_overfit', or 'cpu_overfit,corpus=DIR'; docs/table3.md): the 
   base dev perplexity 22.4 and 23.1, dev BLEU 16.1 and 15.9; 12 of 19 agree (A_h32, C_d256 and big
   counted at 2,000): depth and learned positions settle, heads and dropout 0.2 still disagree, and
   label smoothing 0 turns worse as the slice starts to overfit. About 3.7 hours two at a time here.
-  Cost (measured 2026-11-26): the first pass's 21 trials ran 3.9 trial-hours (base 7-8 minutes, big 56);
+  Cost (measured): the first pass's 21 trials ran 3.9 trial-hours (base 7-8 minutes, big 56);
   two at a time on 2 cores, about 2 hours of wall-clock, and the seven second seeds ~0.4 more.
 
 Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL of the final checkpoint,
