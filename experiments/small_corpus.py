@@ -19,48 +19,11 @@ on the software-message corpora of scripts/build_po_corpus.py: English->German (
 Alone on 2 cores a run takes about 9 minutes (the default settings about 5). The float32 default's 1,190
 steps have not been run on these corpora.
 
-What it changes from the default experiment, and what each change measured in tuning (dev sacreBLEU on
-500 dev pairs, each run on one core beside another run, all 2+2 layers at d_model 128):
-- pre-norm layers and a 4x higher peak learning rate, 8e-3 (cosine, 200 warmup steps): the default's
-  post-norm at 2e-3 learns too slowly for a real corpus. Post-norm at 4e-3: 20.7, at 6e-3: 19.2; pre-norm
-  at 8e-3: 20.8 (dev nll 2.67 against 2.82), at 1.2e-2: 20.2; the default's 2e-3: 16.6 (same steps).
-- 12,000 vocabulary pieces (VOCAB_SIZE), the best at both corpus sizes measured: on 75k German pairs at the same
-  wall-clock, 2,000 pieces 16.7, 4,000 18.6, 8,000 20.8, 12,000 21.9, 16,000 19.5; on 35k Romanian pairs
-  (dev BLEU on the whole dev split, 1,600 steps) 4,000: 31.0, 8,000: 33.6, 12,000: 35.4, 16,000: 35.0.
-  A larger vocabulary keeps more words whole (BLEU counts words), also where each piece is seen less
-  often; past 12k the output layer's cost eats the steps. The rule by corpus size (vocab_size=0,
-  44 * sqrt(pairs)) gave 12,000 at 75k but 8,000 at 35k, 1.3 test BLEU less there.
-- more steps than the default's 1,000: 1,600 with bfloat16 matmuls (:bf16), which fills the budget of about 10
-  minutes on 2 cores (the default settings use about half of it on this CPU). In tuning, at 2,320 steps:
-  25.4 (8,000 pieces) and 26.8 (12,000 pieces), against 20.8 and 21.9 at the default's own wall-clock.
-- float32 and 1,190 steps by default; bfloat16 matmuls and 1,600 steps with :bf16, the steps scaled to keep
-  the wall-clock where bfloat16 ran 1.37x float32's steps/s (an AMD EPYC with AVX512-BF16). The argument
-  chooses, not the machine: a CPU flag is not a measurement (a Xeon reporting AVX512-BF16 trained
-  slower in bfloat16 than in float32), and without bfloat16 instructions XLA emulates them, slower still.
-  Measure both on your CPU (benchmarks.throughput) before choosing :bf16.
-- EOS at the end of every source (data.source_eos), as tensor2tensor and fairseq do.
-- max_len from the corpus (config.data.max_len=0, data/max_len.py): the shortest multiple of 8 that keeps
-  99.5% of the training pairs, at most 256; the run prints what it drops and config.json records it.
-  The default's fixed 64 silently drops the long pairs of a corpus of long sentences.
-- weight decay 0.2 (AdamW's, decoupled, on weight matrices and embeddings, not on biases or norms;
-  the default has none): on 35k pairs 1,600 steps are 8 passes and the model memorizes (training nll
-  0.5 per piece against 2.8 on dev); decay took Romanian dev BLEU (whole dev split) from 35.43 to 38.01
-  at 0.1 and 38.56 at 0.2 (test 35.15, 36.89, 38.89). On 75k German pairs (3.8 passes) it helps too:
-  test 27.77 against 25.00, dev nll 2.44 against 2.59. 0.3 and above were not tried.
-- no dropout, as the default: dropout 0.1 lost BLEU on both corpora (21.7 German, 31.4 Romanian, before
-  weight decay), as did label smoothing 0.2 instead of 0.1 (Romanian dev 35.35 against 35.43).
-  Early stopping on dev loss (3 evaluations without improvement) guards smaller corpora that overfit
-  further; beware that on 35k pairs BLEU still gained after the dev loss's best step (1,000 of 1,600 at
-  12,000 pieces, without weight decay), so on a smaller corpus it may stop too early.
-- beam search with length penalty alpha 1.0 instead of 0.6: the models under-generate (brevity penalty
-  0.87); +0.1 to +0.6 on three checkpoints.
-- a checkpoint every 50 steps and the average of the last 5 (config.train.average_last): the end prints
-  test BLEU of both the final and the averaged parameters (within 0.6 of each other in tuning, as the
-  cosine schedule ends near zero), and writes the average to workdir/averaged.
-Not adopted: 1,024-token batches with twice the steps (21.4 at 8,000 pieces and lr 6e-3, against 20.8
-for 2,048-token batches; one seed each, so not established; worth a second look). Dropped: the earlier
-version of this file (3+3 layers, dropout 0.1, 4,500 pieces, post-norm at 2e-3), which trailed the
-default settings (3.5 against 7.5 sacreBLEU on 500 test pairs at step 500).
+What it changes from the default experiment (each setting's reason: docs/small_corpus.md; the tuning
+runs behind it: docs/small_corpus_results/README.md): pre-norm layers at a peak learning rate of 8e-3;
+12,000 vocabulary pieces; 1,600 steps with :bf16 (1,190 in float32, the same wall-clock); EOS ending every
+source; max_len from the corpus; AdamW weight decay 0.2 and no dropout; beam search with alpha 1.0; a
+checkpoint every 50 steps and the average of the last 5.
 """
 from experiments import default
 
