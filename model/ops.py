@@ -101,13 +101,12 @@ def _mixed(cfg: TransformerConfig):
 def ops_for(cfg: TransformerConfig) -> Ops:
   """The reference or fast pieces for `cfg` (see the module docstring). Builds nothing."""
   dtype, mixed = _mixed(cfg)
+  fused_loss = cfg.arch != "encoder_only"   # the same on every path
   if kernels.resolve(cfg.kernels) == "cpu":
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
-               dropout=dropout16.Dropout,
-               fused_loss=cfg.arch != "encoder_only")
+               dropout=dropout16.Dropout, fused_loss=fused_loss)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout,
-             fused_loss=cfg.arch != "encoder_only")
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, fused_loss=fused_loss)
 
 
 def on_lowering_platform(fn: Callable, cfg: TransformerConfig, *args):
