@@ -53,12 +53,16 @@ def _write_output(path: str, text: str) -> None:
 
 
 def use_cpu_devices(count: int) -> None:
-  """Before JAX starts: one host (CPU) device per core, so that decoding's data parallelism uses every
-  core (a decoding step is many small matmuls, which XLA runs on one core each). No effect on GPUs/TPUs,
-  nor when XLA_FLAGS already sets the count or JAX has already started (as in tests)."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if count > 1 and "host_platform_device_count" not in flags and "jax" not in sys.modules:
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+  """Before JAX's backends start: one host (CPU) device per core, so that decoding's data parallelism uses
+  every core (a decoding step is many small matmuls, which XLA runs on one core each). No effect on
+  GPUs/TPUs, nor when XLA_FLAGS already sets the count or JAX has already run something (as in tests)."""
+  if count <= 1 or "host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return
+  import jax
+  try:
+    jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError:   # the backends are already up: keep the devices they have
+    pass
 
 
 def main(argv=None) -> None:

@@ -242,3 +242,17 @@ def test_decode_command_refuses_a_foreign_vocabulary_and_bad_input(run, tmp_path
     decode_main(["--workdir", str(run), "--input", str(src), "--output", str(out), "--reference", str(ref)])
   assert exit_info.value.code == 2 and "line-aligned" in capsys.readouterr().err
   assert not out.exists()
+
+
+def test_cpu_devices_takes_effect_although_the_command_has_imported_jax():
+  """`python -m decode --cpu_devices K` gives decoding K host devices: the command's imports load JAX
+  before the flag is read, so the count must reach JAX's config, not XLA_FLAGS."""
+  import os
+  import subprocess
+  import sys
+  code = ("import sys; from decode.__main__ import use_cpu_devices; assert 'jax' in sys.modules; "
+          "use_cpu_devices(3); import jax; print(jax.local_device_count())")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(pathlib.Path(__file__).parents[1])
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.split()[-1] == "3"
