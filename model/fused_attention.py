@@ -12,8 +12,10 @@ TransformerConfig.attention_impl (docs/accelerators.md, "Attention implementatio
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
 segment ids (model.attention.PackedMask). A decoding step attends one query to the cache with the plain
 attention. Where a kernel cannot take what the model asks for (a score bias for splash, attention
-dropout, float32 for cuDNN, lengths that are not multiples of splash's blocks), that attention uses the
-plain one and says why once (logging, warning level where the kernel was asked for or would run).
+dropout, float32 for cuDNN), that attention uses the plain one and says why once (logging, warning
+level where the kernel was asked for or would run). Splash computes whole blocks of 128 positions: a
+length that is not a multiple is padded up to one where that at most doubles it (SPLASH_PAD_LIMIT), and
+falls back otherwise.
 """
 from __future__ import annotations
 
@@ -28,6 +30,20 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 log = logging.getLogger(__name__)
 _SAID: set = set()
 SPLASH_BLOCKS = (512, 256, 128)   # splash's block sizes, largest first: a length must be a multiple of one
+# How much longer than the batch's length splash may compute. A padded length L' costs splash (L'/L)^2
+# times the scores; the plain attention computes L^2 scores but writes them to memory and reads them back
+# several times, forward and backward, where splash keeps them on chip. Our estimate of that advantage,
+# from the TPU's flops per byte, is about 10x per score, so padding that at most doubles a length (4x the
+# scores) is taken; a TPU's measurement should set this constant (docs/accelerators.md).
+SPLASH_PAD_LIMIT = 2.0
+
+
+def splash_length(length: int) -> int | None:
+  """The length splash computes a `length`-position axis at (a multiple of its smallest block), or None
+  where padding to it would cost more than the plain attention."""
+  block = SPLASH_BLOCKS[-1]
+  padded = -(-length // block) * block
+  return padded if padded <= SPLASH_PAD_LIMIT * length else None
 
 
 def _say(impl: str, why: str, loud: bool) -> None:
@@ -58,8 +74,10 @@ def splash_unsupported(q, k, v, bias, dropout: bool) -> str | None:
   if q.shape[-1] != v.shape[-1]:
     return f"splash attention needs d_k = d_v (d_k={q.shape[-1]}, d_v={v.shape[-1]})"
   for name, length in (("query", q.shape[1]), ("key", k.shape[1])):
-    if length % SPLASH_BLOCKS[-1]:
-      return f"the {name} length {length} is not a multiple of {SPLASH_BLOCKS[-1]} (splash's blocks)"
+    if splash_length(length) is None:
+      return (f"the {name} length {length} is not a multiple of {SPLASH_BLOCKS[-1]} (splash's blocks), and "
+              f"padding it to {-(-length // SPLASH_BLOCKS[-1]) * SPLASH_BLOCKS[-1]} costs more than "
+              f"falling back (SPLASH_PAD_LIMIT={SPLASH_PAD_LIMIT})")
   return None
 
 
@@ -95,11 +113,16 @@ def splash(q, k, v, mask, interpret: bool = False):
   """Pallas TPU splash attention with the mask's segment ids (a packed batch's sentences see only
   themselves; padding, segment 0, sees padding). q [b, q_len, h, d]; k, v [b, kv_len, g, d]; mask: a
   model.attention.PackedMask. Returns [b, q_len, h, d] in q's dtype. interpret: Pallas interpret mode (any
-  platform, slow)."""
+  platform, slow). A length that is not a multiple of splash's blocks is padded up to splash_length(),
+  the padding as segment 0; its outputs are cut off."""
   b, q_len, h, d = q.shape
   if k.shape[2] != h:   # grouped or multi-query: each key/value head serves h/g query heads
     k, v = jnp.repeat(k, h // k.shape[2], axis=2), jnp.repeat(v, h // k.shape[2], axis=2)
-  kernel = _splash_kernel(h, q_len, k.shape[1], mask.causal, interpret)
+  q_pad, kv_pad = splash_length(q_len) - q_len, splash_length(k.shape[1]) - k.shape[1]
+  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, n)] + [(0, 0)] * (x.ndim - 2))
+  q, q_segments = pad(q, q_pad), pad(mask.q_segments, q_pad)
+  k, v, kv_segments = pad(k, kv_pad), pad(v, kv_pad), pad(mask.kv_segments, kv_pad)
+  kernel = _splash_kernel(h, q.shape[1], k.shape[1], mask.causal, interpret)
   heads_first = lambda x: jnp.swapaxes(x, 0, 1)                              # [len, h, d] -> [h, len, d]
 
   def one(q, k, v, q_segments, kv_segments):
@@ -107,7 +130,8 @@ def splash(q, k, v, mask, interpret: bool = False):
     return heads_first(kernel(heads_first(q), heads_first(k), heads_first(v), segment_ids=ids))
 
   scaled = q * jnp.asarray(d ** -0.5, q.dtype)
-  return jax.vmap(one)(scaled, k, v, mask.q_segments.astype(jnp.int32), mask.kv_segments.astype(jnp.int32))
+  out = jax.vmap(one)(scaled, k, v, q_segments.astype(jnp.int32), kv_segments.astype(jnp.int32))
+  return out[:, :q_len]
 
 
 def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable):
