@@ -1,6 +1,8 @@
-"""Generates docs/performance.md from benchmarks/results/*.json and benchmarks/changes.md.
+"""Generates docs/performance.md from benchmarks/results/*.json and benchmarks/changes.md, and the tables of
+measured results that the other docs pages quote from their committed results files.
 
     python -m benchmarks.report [--results benchmarks/results] [--out docs/performance.md]
+    python -m benchmarks.report --docs      # rewrites every generated table in docs/*.md
 
 The page is the method (METHOD below), one section per results file (the latest run of each preset:
 medians with their spread, and ours over each peer), then benchmarks/changes.md, the record of the speed
@@ -9,13 +11,16 @@ changes kept and rejected. Rerun a benchmark or edit that record, never the page
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import pathlib
+import re
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CHANGES = HERE / "changes.md"
 PAGE = HERE.parent / "docs" / "performance.md"
+REPO = HERE.parent
 
 METHOD = """\
 # Performance
@@ -243,11 +248,119 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
   return "\n".join(sections)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Tables in the other docs pages. A page quotes each between two markers,
+#     <!-- table NAME: PATH -->  ...  <!-- end table -->
+# NAME a key of DOC_TABLES, PATH the committed results file (from the repository root) it is made from.
+# `--docs` rewrites what is between them; tests/test_benchmarks.py checks that every block is current.
+# ----------------------------------------------------------------------------------------------------
+def _read(path: pathlib.Path):
+  """A results file: a .json as its object, a .csv as its rows (dicts of strings)."""
+  if path.suffix == ".csv":
+    with open(path, newline="") as f:
+      return list(csv.DictReader(f))
+  return json.loads(path.read_text())
+
+
+def render_variants(rows: list[dict]) -> str:
+  """jobs.sweep's results.csv of experiments/variants.py: each trial's switch, dev perplexity, test BLEU."""
+  body = []
+  for r in rows:
+    switch = "the default" if r["overrides"] == "(experiment defaults)" else " ".join(
+        f"`{o.removeprefix('model.')}`" for o in r["overrides"].split())
+    body.append([r["trial"], switch, f"{float(r['dev_ppl']):.3f}", f"{float(r['test_bleu']):.2f}"])
+  return _table(["trial", "switch", "dev perplexity", "test sacreBLEU"], body)
+
+
+def _lines(n: int) -> str:
+  return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+def render_bulk_decode(result: dict) -> str:
+  """benchmarks.bulk_decode: lines/s and peak RSS of `python -m decode` in memory and in parts."""
+  small, large = _lines(result["small_lines"]), _lines(result["large_lines"])
+  rss = result["peak_rss_mib"]
+  runs = len(result["runs"]["bulk"])
+  return _table(["", f"in-memory, {small} lines", f"bulk, {small} lines", f"bulk, {large} lines"], [
+      [f"lines/s (median of {runs} runs; {large}: one)", _num(result["lines_per_s"]["in_memory"]),
+       _num(result["lines_per_s"]["bulk"]), _num(result["large_output_lines"] / result["large_bulk"]["seconds"])],
+      ["peak RSS", *(f"{rss[k]:,.0f} MiB" for k in ("in_memory_small", "bulk_small", "bulk_large"))]])
+
+
+# docs/runs.md: how each system of docs/export/po_enes.json is labelled.
+EXPORT_SYSTEMS = [
+    ("ours_{}_as_run", "`python -m decode` (`translate`), as trained: bfloat16 matmuls"),
+    ("ours_{}_f32", "`translate` with float32 matmuls (`cfg.replace(matmul_dtype=None)`)"),
+    ("hf_{}", "Hugging Face (`PegasusForConditionalGeneration`)"),
+    ("ct2_{}", "CTranslate2"),
+    ("ct2_{}_patience1", "CTranslate2 with its default `patience=1`"),
+    ("ct2_without_add_source_eos_{}", "CTranslate2 export before `add_source_eos` (no source EOS; default "
+                                      "`min_decoding_length`)")]
+
+
+def render_export_bleu(result: dict) -> str:
+  """The exports' sacreBLEU and the translations identical to ours, greedy and beam, on a real corpus."""
+  scores, body = result["sacrebleu"], []
+  sentences = re.search(r"(\d+) lines", result["test_sentences"]).group(1)
+  for key, label in EXPORT_SYSTEMS:
+    row = [label]
+    for task in ("greedy", "beam"):
+      score = scores.get(key.format(task), {})
+      same = score.get(f"identical_to_ours_{task}_f32")
+      row += [f"{score['bleu']:.2f}" if "bleu" in score else "", f"{same} / {sentences}" if same is not None else ""]
+    body.append(row)
+  return _table(["translated with", "greedy sacreBLEU", "identical to ours (float32)", "beam 4 sacreBLEU",
+                 "identical to ours (float32)"], body)
+
+
+def render_table3_directions(rows: list[dict]) -> str:
+  """A Table 3 sweep's results.csv judged as docs/table3.md judges it (jobs/sweep_directions.py): each row
+  by the mean of its seeds against the mean of the base seeds, beside the paper's direction."""
+  from jobs import sweep_directions   # the verdicts have one owner, the sweep's report
+  numbers = ("dev_ppl", "dev_bleu", "test_bleu", "paper_ppl", "paper_bleu")
+  rows = [{k: (float(v) if v else None) if k in numbers else v for k, v in r.items()} for r in rows]
+  baseline = tuple(r["trial"] for r in rows if re.fullmatch(r"base(_seed\d+)?", r["trial"]))
+  base_ppl, _, _ = sweep_directions.baseline_stats(rows, baseline, "dev_ppl")
+  by_name = {r["trial"]: r for r in rows}
+  body = []
+  for d in sweep_directions.directions(rows, baseline):
+    seeds = [by_name[t] for t in d["trials"]]
+    body.append([d["trial"], ", ".join(f"{t['dev_ppl']:.2f}" for t in seeds),
+                 f"{d['ours_delta_ppl']:+.2f} ({d['ours_dir_ppl']})", f"{d['paper_ppl']} ({d['paper_dir_ppl']})",
+                 d["verdict_ppl"], ", ".join(f"{t['dev_bleu']:.2f}" for t in seeds), d["verdict_bleu"]])
+  return _table(["row", "dev ppl, each seed", f"mean against base ({base_ppl:.2f})",
+                 f"paper (base {by_name[baseline[0]]['paper_ppl']})", "verdict", "dev BLEU, each seed", "verdict"],
+                body)
+
+
+DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
+              "table3_directions": render_table3_directions}
+_BLOCK = re.compile(r"(<!-- table (\w+): (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+
+def render_docs_page(text: str, root=REPO) -> str:
+  """`text` (a docs page) with every generated table made again from its results file."""
+  def table(match):
+    name, path = match.group(2), match.group(3)
+    if name not in DOC_TABLES:
+      raise ValueError(f"<!-- table {name}: ... -->: no such table; one of {sorted(DOC_TABLES)}")
+    return match.group(1) + DOC_TABLES[name](_read(pathlib.Path(root) / path)) + "\n" + match.group(5)
+  return _BLOCK.sub(table, text)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
   p.add_argument("--results", default=str(RESULTS))
   p.add_argument("--out", default=str(PAGE))
+  p.add_argument("--docs", action="store_true", help="rewrite the generated tables of docs/*.md instead")
   args = p.parse_args(argv)
+  if args.docs:
+    for page in sorted((REPO / "docs").glob("*.md")):
+      text = page.read_text()
+      if render_docs_page(text) != text:
+        page.write_text(render_docs_page(text))
+        print(f"wrote {page}")
+    return
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(render_page(args.results))
