@@ -251,7 +251,8 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
 # ----------------------------------------------------------------------------------------------------
 # Tables in the other docs pages. A page quotes each between two markers,
 #     <!-- table NAME: PATH -->  ...  <!-- end table -->
-# NAME a key of DOC_TABLES, PATH the committed results file (from the repository root) it is made from.
+# NAME a key of DOC_TABLES, PATH the committed results file (from the repository root) it is made from, or
+# several joined by " + ", which the renderer takes in that order.
 # `--docs` rewrites what is between them; tests/test_benchmarks.py checks that every block is current.
 # ----------------------------------------------------------------------------------------------------
 def _read(path: pathlib.Path):
@@ -333,9 +334,34 @@ def render_table3_directions(rows: list[dict]) -> str:
                 body)
 
 
+def _millions(rate: float) -> str:
+  return f"{rate / 1e6:.1f}M"
+
+
+def render_input_pipeline_scale(cold: dict, warm: dict) -> str:
+  """benchmarks.input_pipeline at several corpus sizes: `cold` the run with --keep (cold and warm starts),
+  `warm` the warm runs again with --reuse (in brackets; RSS split into own and file pages, assembly)."""
+  body = []
+  for first, again in zip(cold["sizes"], warm["sizes"]):
+    assert first["pairs"] == again["pairs"], (first["pairs"], again["pairs"])
+    rate = again["assembly"]
+    body.append([f"{first['pairs']:,}", f"{first['corpus_mib']:,.0f}", f"{first['cache_mib']:,.0f}",
+                 f"{first['cold']['first_step_s']:,.0f}",
+                 f"{first['warm']['first_step_s']:.1f} ({again['warm']['first_step_s']:.1f})",
+                 f"{first['cold']['peak_rss_mib']:,.0f}",
+                 f"{first['warm']['peak_rss_mib']:,.0f} ({again['warm']['peak_rss_mib']:,.0f})",
+                 f"{again['warm']['peak_rssanon_mib']:,.0f} / {again['warm']['peak_rssfile_mib']:,.0f}",
+                 *(_millions(rate[k]) for k in ("packed_2048_1p", "packed_2048_2p", "bucketed_25000_1p",
+                                                "bucketed_25000_2p"))])
+  return _table(["pairs", "TSV MiB", "cache MiB", "cold start s", "warm start s", "peak RSS cold MiB",
+                 "peak RSS warm MiB", "of which own / cache file pages", "packed 2,048: 1 process",
+                 "2 processes, each", "bucketed 25,000: 1 process", "2 processes, each"], body)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
-              "table3_directions": render_table3_directions}
-_BLOCK = re.compile(r"(<!-- table (\w+): (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+              "table3_directions": render_table3_directions,
+              "input_pipeline_scale": render_input_pipeline_scale}
+_BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
 def render_docs_page(text: str, root=REPO) -> str:
@@ -344,7 +370,8 @@ def render_docs_page(text: str, root=REPO) -> str:
     name, path = match.group(2), match.group(3)
     if name not in DOC_TABLES:
       raise ValueError(f"<!-- table {name}: ... -->: no such table; one of {sorted(DOC_TABLES)}")
-    return match.group(1) + DOC_TABLES[name](_read(pathlib.Path(root) / path)) + "\n" + match.group(5)
+    files = [_read(pathlib.Path(root) / part) for part in path.split(" + ")]
+    return match.group(1) + DOC_TABLES[name](*files) + "\n" + match.group(5)
   return _BLOCK.sub(table, text)
 
 
