@@ -358,9 +358,33 @@ def render_input_pipeline_scale(cold: dict, warm: dict) -> str:
                  "2 processes, each", "bucketed 25,000: 1 process", "2 processes, each"], body)
 
 
+def render_search_summary(rows: list[dict]) -> str:
+  """jobs.search's results.csv of a study whose trial 0 is the hand-tuned recipe (--baseline_first): the
+  recipe, the best sampled trial, and what the whole study cost."""
+  baseline = next(r for r in rows if r["trial"] == "0")
+  sampled = [r for r in rows if r["trial"] != "0" and r["status"] == "complete"]
+  best = min(sampled, key=lambda r: float(r["dev_nll"]))
+  step = baseline["at_step"]
+  status = {s: [r for r in rows if r["status"] == s] for s in ("complete", "pruned", "failed")}
+  pruned_at = sorted({int(r["at_step"]) for r in status["pruned"]})
+  where = ", ".join(f"{sum(int(r['at_step']) == at for r in status['pruned'])} at step {at}" for at in pruned_at)
+  wall = sum(float(r["wall_clock_s"]) for r in rows)
+  lr = f"{float(best['train.learning_rate']):.1e}".replace("e-0", "e-")
+  params = (f"lr {lr}, smoothing {float(best['train.label_smoothing']):.3f}, "
+            f"dropout {float(best['model.dropout_rate']):.2f}")
+  return _table(["", f"dev NLL at step {step}", "wall-clock"], [
+      ["the hand-tuned recipe (trial 0)", f"**{float(baseline['dev_nll']):.3f}**",
+       f"{float(baseline['wall_clock_s']):,.0f} s"],
+      [f"the study's best sampled trial (trial {best['trial']}: {params})", f"{float(best['dev_nll']):.3f}",
+       f"{float(best['wall_clock_s']):,.0f} s"],
+      [f"the whole study: {len(rows)} trials, {len(status['complete'])} complete, **{len(status['pruned'])} "
+       f"pruned** ({where}), {len(status['failed'])} failed", "",
+       f"{wall:,.0f} s ({wall / float(baseline['wall_clock_s']):.1f} baseline runs)"]])
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
-              "input_pipeline_scale": render_input_pipeline_scale}
+              "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
