@@ -382,9 +382,23 @@ def render_search_summary(rows: list[dict]) -> str:
        f"{wall:,.0f} s ({wall / float(baseline['wall_clock_s']):.1f} baseline runs)"]])
 
 
+PADDING_LAYOUTS = {"buckets": "buckets x1.5 (`fine_buckets=False`)", "fine_buckets": "`fine_buckets=True` (the WMT configs)",
+                   "packed": "packed rows (`pack=True`)"}
+
+
+def render_padding(result: dict) -> str:
+  """benchmarks.padding: the padding share and real tokens of each batch layout."""
+  body = [[PADDING_LAYOUTS[name], f"{row['padding_tgt']:.1%}", f"{row['padding_src']:.1%}",
+           f"{row['real_tgt_tokens_per_batch']:,.0f}", str(row["shapes"])]
+          for name, row in result["layouts"].items()]
+  return _table(["layout", "padding, target slots", "padding, source slots", "real target tokens a batch",
+                 "batch shapes"], body)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
-              "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary}
+              "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
+              "padding": render_padding}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
