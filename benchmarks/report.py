@@ -2,7 +2,7 @@
 measured results that the other docs pages quote from their committed results files.
 
     python -m benchmarks.report [--results benchmarks/results] [--out docs/performance.md]
-    python -m benchmarks.report --docs      # rewrites every generated table in docs/*.md
+    python -m benchmarks.report --docs      # rewrites every generated table in docs/
 
 The page is the method (METHOD below), one section per results file (the latest run of each preset:
 medians with their spread, and ours over each peer), then benchmarks/changes.md, the record of the speed
@@ -395,10 +395,24 @@ def render_padding(result: dict) -> str:
                  "batch shapes"], body)
 
 
+def render_pretrained_pipeline(result: dict) -> str:
+  """docs/pretrained_pipeline/results.json: test BLEU on corpus B of the run trained on A, its Marian
+  round trip, its fine-tuning on B, and training on B from scratch."""
+  steps = lambda run: result[run]["test/bleu"][-1][0]
+  bleu = lambda run: result[run]["test/bleu"][-1][1]
+  before = result["before_finetuning_test_b_bleu"]
+  body = [["trained on A (run `a`)", str(steps("a")), "0", f"{before['a (trained run)']:.2f}"],
+          ["the same, exported to Marian and imported back (the same translations)", str(steps("a")), "0",
+           f"{before['a_imported (after export and import)']:.2f}"],
+          ["imported, fine-tuned on B", str(steps("a")), str(steps("finetuned")), f"**{bleu('finetuned'):.2f}**"],
+          *(["from scratch on B", "0", str(steps(run)), f"{bleu(run):.2f}"] for run in ("scratch", "scratch600"))]
+  return _table(["model", "steps on A", "steps on B", "test BLEU on B"], body)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
               "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
-              "padding": render_padding}
+              "padding": render_padding, "pretrained_pipeline": render_pretrained_pipeline}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
@@ -417,10 +431,10 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
   p.add_argument("--results", default=str(RESULTS))
   p.add_argument("--out", default=str(PAGE))
-  p.add_argument("--docs", action="store_true", help="rewrite the generated tables of docs/*.md instead")
+  p.add_argument("--docs", action="store_true", help="rewrite the generated tables in docs/ instead")
   args = p.parse_args(argv)
   if args.docs:
-    for page in sorted((REPO / "docs").glob("*.md")):
+    for page in sorted((REPO / "docs").rglob("*.md")):
       text = page.read_text()
       if render_docs_page(text) != text:
         page.write_text(render_docs_page(text))
