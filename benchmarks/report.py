@@ -256,7 +256,9 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
 # `--docs` rewrites what is between them; tests/test_benchmarks.py checks that every block is current.
 # ----------------------------------------------------------------------------------------------------
 def _read(path: pathlib.Path):
-  """A results file: a .json as its object, a .csv as its rows (dicts of strings)."""
+  """A results file: a .json as its object, a .csv as its rows (dicts of strings), else its text."""
+  if path.suffix == ".md":
+    return path.read_text()
   if path.suffix == ".csv":
     with open(path, newline="") as f:
       return list(csv.DictReader(f))
@@ -314,24 +316,27 @@ def render_export_bleu(result: dict) -> str:
                  "identical to ours (float32)"], body)
 
 
-def render_table3_directions(rows: list[dict]) -> str:
-  """A Table 3 sweep's results.csv judged as docs/table3.md judges it (jobs/sweep_directions.py): each row
-  by the mean of its seeds against the mean of the base seeds, beside the paper's direction."""
-  from jobs import sweep_directions   # the verdicts have one owner, the sweep's report
-  numbers = ("dev_ppl", "dev_bleu", "test_bleu", "paper_ppl", "paper_bleu")
-  rows = [{k: (float(v) if v else None) if k in numbers else v for k, v in r.items()} for r in rows]
-  baseline = tuple(r["trial"] for r in rows if re.fullmatch(r"base(_seed\d+)?", r["trial"]))
-  base_ppl, _, _ = sweep_directions.baseline_stats(rows, baseline, "dev_ppl")
+def render_table3_directions(rows: list[dict], report: str) -> str:
+  """A Table 3 sweep's results.csv (each seed's dev perplexity and BLEU) beside the verdicts its results.md
+  gives (jobs/sweep_directions.py owns them: each row by the mean of its seeds against the base seeds')."""
+  section = report[report.index("## Direction of each effect"):]
+  base_ppl = float(re.search(r"- PPL \(dev_ppl\): baseline mean ([\d.]+)", section).group(1))
+  effect = lambda cell: re.search(r"\(([+-][\d.]+), (\w+)\)$", cell).groups()
   by_name = {r["trial"]: r for r in rows}
   body = []
-  for d in sweep_directions.directions(rows, baseline):
-    seeds = [by_name[t] for t in d["trials"]]
-    body.append([d["trial"], ", ".join(f"{t['dev_ppl']:.2f}" for t in seeds),
-                 f"{d['ours_delta_ppl']:+.2f} ({d['ours_dir_ppl']})", f"{d['paper_ppl']} ({d['paper_dir_ppl']})",
-                 d["verdict_ppl"], ", ".join(f"{t['dev_bleu']:.2f}" for t in seeds), d["verdict_bleu"]])
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if len(cells) != 7 or cells[0] in ("trial", "---"):
+      continue
+    name, ours, paper, verdict_ppl, _, _, verdict_bleu = cells
+    seeds = [r for r in rows if re.fullmatch(re.escape(name) + r"(_seed\d+)?", r["trial"])]
+    delta, word = effect(ours)
+    body.append([name, ", ".join(f"{float(r['dev_ppl']):.2f}" for r in seeds), f"{delta} ({word})",
+                 f"{paper.split()[0]} ({effect(paper)[1]})", verdict_ppl,
+                 ", ".join(f"{float(r['dev_bleu']):.2f}" for r in seeds), verdict_bleu])
   return _table(["row", "dev ppl, each seed", f"mean against base ({base_ppl:.2f})",
-                 f"paper (base {by_name[baseline[0]]['paper_ppl']})", "verdict", "dev BLEU, each seed", "verdict"],
-                body)
+                 f"paper (base {float(by_name['base']['paper_ppl']):.2f})", "verdict", "dev BLEU, each seed",
+                 "verdict"], body)
 
 
 def _millions(rate: float) -> str:
