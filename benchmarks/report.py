@@ -1,6 +1,8 @@
-"""Generates docs/performance.md from benchmarks/results/*.json and benchmarks/changes.md.
+"""Generates docs/performance.md from benchmarks/results/*.json and benchmarks/changes.md, and the tables of
+measured results that the other docs pages quote from their committed results files.
 
     python -m benchmarks.report [--results benchmarks/results] [--out docs/performance.md]
+    python -m benchmarks.report --docs      # rewrites every generated table in docs/
 
 The page is the method (METHOD below), one section per results file (the latest run of each preset:
 medians with their spread, and ours over each peer), then benchmarks/changes.md, the record of the speed
@@ -9,13 +11,16 @@ changes kept and rejected. Rerun a benchmark or edit that record, never the page
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import pathlib
+import re
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CHANGES = HERE / "changes.md"
 PAGE = HERE.parent / "docs" / "performance.md"
+REPO = HERE.parent
 
 METHOD = """\
 # Performance
@@ -243,11 +248,203 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
   return "\n".join(sections)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Tables in the other docs pages. A page quotes each between two markers,
+#     <!-- table NAME: PATH -->  ...  <!-- end table -->
+# NAME a key of DOC_TABLES, PATH the committed results file (from the repository root) it is made from, or
+# several joined by " + ", which the renderer takes in that order.
+# `--docs` rewrites what is between them; tests/test_benchmarks.py checks that every block is current.
+# ----------------------------------------------------------------------------------------------------
+def _read(path: pathlib.Path):
+  """A results file: a .json as its object, a .csv as its rows (dicts of strings), else its text."""
+  if path.suffix == ".md":
+    return path.read_text()
+  if path.suffix == ".csv":
+    with open(path, newline="") as f:
+      return list(csv.DictReader(f))
+  return json.loads(path.read_text())
+
+
+def render_variants(rows: list[dict]) -> str:
+  """jobs.sweep's results.csv of experiments/variants.py: each trial's switch, dev perplexity, test BLEU."""
+  body = []
+  for r in rows:
+    switch = "the default" if r["overrides"] == "(experiment defaults)" else " ".join(
+        f"`{o.removeprefix('model.')}`" for o in r["overrides"].split())
+    body.append([r["trial"], switch, f"{float(r['dev_ppl']):.3f}", f"{float(r['test_bleu']):.2f}"])
+  return _table(["trial", "switch", "dev perplexity", "test sacreBLEU"], body)
+
+
+def _lines(n: int) -> str:
+  return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
+
+
+def render_bulk_decode(result: dict) -> str:
+  """benchmarks.bulk_decode: lines/s and peak RSS of `python -m decode` in memory and in parts."""
+  small, large = _lines(result["small_lines"]), _lines(result["large_lines"])
+  rss = result["peak_rss_mib"]
+  runs = len(result["runs"]["bulk"])
+  return _table(["", f"in-memory, {small} lines", f"bulk, {small} lines", f"bulk, {large} lines"], [
+      [f"lines/s (median of {runs} runs; {large}: one)", _num(result["lines_per_s"]["in_memory"]),
+       _num(result["lines_per_s"]["bulk"]), _num(result["large_output_lines"] / result["large_bulk"]["seconds"])],
+      ["peak RSS", *(f"{rss[k]:,.0f} MiB" for k in ("in_memory_small", "bulk_small", "bulk_large"))]])
+
+
+# docs/runs.md: how each system of docs/export/po_enes.json is labelled.
+EXPORT_SYSTEMS = [
+    ("ours_{}_as_run", "`python -m decode` (`translate`), as trained: bfloat16 matmuls"),
+    ("ours_{}_f32", "`translate` with float32 matmuls (`cfg.replace(matmul_dtype=None)`)"),
+    ("hf_{}", "Hugging Face (`PegasusForConditionalGeneration`)"),
+    ("ct2_{}", "CTranslate2"),
+    ("ct2_{}_patience1", "CTranslate2 with its default `patience=1`"),
+    ("ct2_without_add_source_eos_{}", "CTranslate2 export before `add_source_eos` (no source EOS; default "
+                                      "`min_decoding_length`)")]
+
+
+def render_export_bleu(result: dict) -> str:
+  """The exports' sacreBLEU and the translations identical to ours, greedy and beam, on a real corpus."""
+  scores, body = result["sacrebleu"], []
+  sentences = re.search(r"(\d+) lines", result["test_sentences"]).group(1)
+  for key, label in EXPORT_SYSTEMS:
+    row = [label]
+    for task in ("greedy", "beam"):
+      score = scores.get(key.format(task), {})
+      same = score.get(f"identical_to_ours_{task}_f32")
+      row += [f"{score['bleu']:.2f}" if "bleu" in score else "", f"{same} / {sentences}" if same is not None else ""]
+    body.append(row)
+  return _table(["translated with", "greedy sacreBLEU", "identical to ours (float32)", "beam 4 sacreBLEU",
+                 "identical to ours (float32)"], body)
+
+
+def render_table3_directions(rows: list[dict], report: str) -> str:
+  """A Table 3 sweep's results.csv (each seed's dev perplexity and BLEU) beside the verdicts its results.md
+  gives (jobs/sweep_directions.py owns them: each row by the mean of its seeds against the base seeds')."""
+  section = report[report.index("## Direction of each effect"):]
+  base_ppl = float(re.search(r"- PPL \(dev_ppl\): baseline mean ([\d.]+)", section).group(1))
+  effect = lambda cell: re.search(r"\(([+-][\d.]+), (\w+)\)$", cell).groups()
+  by_name = {r["trial"]: r for r in rows}
+  body = []
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if len(cells) != 7 or cells[0] in ("trial", "---"):
+      continue
+    name, ours, paper, verdict_ppl, _, _, verdict_bleu = cells
+    seeds = [r for r in rows if re.fullmatch(re.escape(name) + r"(_seed\d+)?", r["trial"])]
+    delta, word = effect(ours)
+    body.append([name, ", ".join(f"{float(r['dev_ppl']):.2f}" for r in seeds), f"{delta} ({word})",
+                 f"{paper.split()[0]} ({effect(paper)[1]})", verdict_ppl,
+                 ", ".join(f"{float(r['dev_bleu']):.2f}" for r in seeds), verdict_bleu])
+  return _table(["row", "dev ppl, each seed", f"mean against base ({base_ppl:.2f})",
+                 f"paper (base {float(by_name['base']['paper_ppl']):.2f})", "verdict", "dev BLEU, each seed",
+                 "verdict"], body)
+
+
+def _millions(rate: float) -> str:
+  return f"{rate / 1e6:.1f}M"
+
+
+def render_input_pipeline_scale(cold: dict, warm: dict) -> str:
+  """benchmarks.input_pipeline at several corpus sizes: `cold` the run with --keep (cold and warm starts),
+  `warm` the warm runs again with --reuse (in brackets; RSS split into own and file pages, assembly)."""
+  body = []
+  for first, again in zip(cold["sizes"], warm["sizes"]):
+    assert first["pairs"] == again["pairs"], (first["pairs"], again["pairs"])
+    rate = again["assembly"]
+    body.append([f"{first['pairs']:,}", f"{first['corpus_mib']:,.0f}", f"{first['cache_mib']:,.0f}",
+                 f"{first['cold']['first_step_s']:,.0f}",
+                 f"{first['warm']['first_step_s']:.1f} ({again['warm']['first_step_s']:.1f})",
+                 f"{first['cold']['peak_rss_mib']:,.0f}",
+                 f"{first['warm']['peak_rss_mib']:,.0f} ({again['warm']['peak_rss_mib']:,.0f})",
+                 f"{again['warm']['peak_rssanon_mib']:,.0f} / {again['warm']['peak_rssfile_mib']:,.0f}",
+                 *(_millions(rate[k]) for k in ("packed_2048_1p", "packed_2048_2p", "bucketed_25000_1p",
+                                                "bucketed_25000_2p"))])
+  return _table(["pairs", "TSV MiB", "cache MiB", "cold start s", "warm start s", "peak RSS cold MiB",
+                 "peak RSS warm MiB", "of which own / cache file pages", "packed 2,048: 1 process",
+                 "2 processes, each", "bucketed 25,000: 1 process", "2 processes, each"], body)
+
+
+def render_search_summary(rows: list[dict]) -> str:
+  """jobs.search's results.csv of a study whose trial 0 is the hand-tuned recipe (--baseline_first): the
+  recipe, the best sampled trial, and what the whole study cost."""
+  baseline = next(r for r in rows if r["trial"] == "0")
+  sampled = [r for r in rows if r["trial"] != "0" and r["status"] == "complete"]
+  best = min(sampled, key=lambda r: float(r["dev_nll"]))
+  step = baseline["at_step"]
+  status = {s: [r for r in rows if r["status"] == s] for s in ("complete", "pruned", "failed")}
+  pruned_at = sorted({int(r["at_step"]) for r in status["pruned"]})
+  where = ", ".join(f"{sum(int(r['at_step']) == at for r in status['pruned'])} at step {at}" for at in pruned_at)
+  wall = sum(float(r["wall_clock_s"]) for r in rows)
+  lr = f"{float(best['train.learning_rate']):.1e}".replace("e-0", "e-")
+  params = (f"lr {lr}, smoothing {float(best['train.label_smoothing']):.3f}, "
+            f"dropout {float(best['model.dropout_rate']):.2f}")
+  return _table(["", f"dev NLL at step {step}", "wall-clock"], [
+      ["the hand-tuned recipe (trial 0)", f"**{float(baseline['dev_nll']):.3f}**",
+       f"{float(baseline['wall_clock_s']):,.0f} s"],
+      [f"the study's best sampled trial (trial {best['trial']}: {params})", f"{float(best['dev_nll']):.3f}",
+       f"{float(best['wall_clock_s']):,.0f} s"],
+      [f"the whole study: {len(rows)} trials, {len(status['complete'])} complete, **{len(status['pruned'])} "
+       f"pruned** ({where}), {len(status['failed'])} failed", "",
+       f"{wall:,.0f} s ({wall / float(baseline['wall_clock_s']):.1f} baseline runs)"]])
+
+
+PADDING_LAYOUTS = {"buckets": "buckets x1.5 (`fine_buckets=False`)", "fine_buckets": "`fine_buckets=True` (the WMT configs)",
+                   "packed": "packed rows (`pack=True`)"}
+
+
+def render_padding(result: dict) -> str:
+  """benchmarks.padding: the padding share and real tokens of each batch layout."""
+  body = [[PADDING_LAYOUTS[name], f"{row['padding_tgt']:.1%}", f"{row['padding_src']:.1%}",
+           f"{row['real_tgt_tokens_per_batch']:,.0f}", str(row["shapes"])]
+          for name, row in result["layouts"].items()]
+  return _table(["layout", "padding, target slots", "padding, source slots", "real target tokens a batch",
+                 "batch shapes"], body)
+
+
+def render_pretrained_pipeline(result: dict) -> str:
+  """docs/pretrained_pipeline/results.json: test BLEU on corpus B of the run trained on A, its Marian
+  round trip, its fine-tuning on B, and training on B from scratch."""
+  steps = lambda run: result[run]["test/bleu"][-1][0]
+  bleu = lambda run: result[run]["test/bleu"][-1][1]
+  before = result["before_finetuning_test_b_bleu"]
+  body = [["trained on A (run `a`)", str(steps("a")), "0", f"{before['a (trained run)']:.2f}"],
+          ["the same, exported to Marian and imported back (the same translations)", str(steps("a")), "0",
+           f"{before['a_imported (after export and import)']:.2f}"],
+          ["imported, fine-tuned on B", str(steps("a")), str(steps("finetuned")), f"**{bleu('finetuned'):.2f}**"],
+          *(["from scratch on B", "0", str(steps(run)), f"{bleu(run):.2f}"] for run in ("scratch", "scratch600"))]
+  return _table(["model", "steps on A", "steps on B", "test BLEU on B"], body)
+
+
+DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
+              "table3_directions": render_table3_directions,
+              "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
+              "padding": render_padding, "pretrained_pipeline": render_pretrained_pipeline}
+_BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+
+def render_docs_page(text: str, root=REPO) -> str:
+  """`text` (a docs page) with every generated table made again from its results file."""
+  def table(match):
+    name, path = match.group(2), match.group(3)
+    if name not in DOC_TABLES:
+      raise ValueError(f"<!-- table {name}: ... -->: no such table; one of {sorted(DOC_TABLES)}")
+    files = [_read(pathlib.Path(root) / part) for part in path.split(" + ")]
+    return match.group(1) + DOC_TABLES[name](*files) + "\n" + match.group(5)
+  return _BLOCK.sub(table, text)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
   p.add_argument("--results", default=str(RESULTS))
   p.add_argument("--out", default=str(PAGE))
+  p.add_argument("--docs", action="store_true", help="rewrite the generated tables in docs/ instead")
   args = p.parse_args(argv)
+  if args.docs:
+    for page in sorted((REPO / "docs").rglob("*.md")):
+      text = page.read_text()
+      if render_docs_page(text) != text:
+        page.write_text(render_docs_page(text))
+        print(f"wrote {page}")
+    return
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(render_page(args.results))

@@ -17,4 +17,6 @@ import jax  # noqa: E402
 
 _CACHE = pathlib.Path(os.environ.get("AIAYN_TEST_JAX_CACHE", pathlib.Path.home() / ".cache" / "aiayn_jax_tests"))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+# Small programs (0.05-0.5 s to compile) are cached too: the tiny test models compile many of them. A hit is
+# the executable XLA made for the same program, devices and flags, so no test sees a different program.
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)

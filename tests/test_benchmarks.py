@@ -71,9 +71,9 @@ def _pids(result: dict) -> list[int]:
   return [row["pid"] for row in rows + list(seen.values()) if row.get("pid")]
 
 
-def _run(tmp_path, skip) -> dict:
+def _run(tmp_path, skip, extra=()) -> dict:
   out = tmp_path / "throughput.json"
-  throughput.main(TINY + ["--skip", ",".join(skip), "--out", str(out)])
+  throughput.main(TINY + ["--skip", ",".join(skip), "--out", str(out), *extra])
   result = json.loads(out.read_text())
   for key in ("date", "machine", "versions", "args", "model", "peak", "train", "decode"):
     assert key in result or key in skip, key
@@ -84,9 +84,34 @@ def _run(tmp_path, skip) -> dict:
   return result
 
 
+def _peers_installed() -> bool:
+  try:
+    import ctranslate2, torch, transformers  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+  """(result, the baseline checkout) of one throughput run that three tests read: ours with its peak, the
+  peers where the interop extra is installed, and a copy of this checkout as --baseline. One run of each
+  system instead of one per test; the bfloat16 systems and hf_compile are left out (--skip)."""
+  tmp_path = tmp_path_factory.mktemp("throughput")
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  baseline = tmp_path / "baseline"
+  for package in repo.iterdir():   # the Python packages are what a worker imports
+    if (package / "__init__.py").exists():
+      shutil.copytree(package, baseline / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+  skip = ["ours_bf16", "torch_bf16", "torch_compile", "torch_compile_bf16", "hf_compile"]
+  if not _peers_installed():
+    skip += [name for name in PEERS if name not in skip]
+  return _run(tmp_path, skip, ["--baseline", str(baseline)]), baseline
+
+
 @pytest.mark.slow
-def test_throughput_ours_alone(tmp_path):
-  result = _run(tmp_path, PEERS + ["ours_bf16"])
+def test_throughput_ours_alone(shared_run):
+  result, _ = shared_run
   assert result["peak"]["float32"]["gflops"] > 0 and result["peak"]["bfloat16"]["gflops"] > 0
   ours = result["train"]["systems"]["ours"]
   assert ours["status"] == "ready" and ours["runs"] == 1 and ours["tokens_per_s"] > 0
@@ -95,18 +120,17 @@ def test_throughput_ours_alone(tmp_path):
   for task in ("greedy", "beam"):
     row = result["decode"][task]["systems"]["ours"]
     assert row["tokens_per_s"] > 0 and row["info"][task]["devices"] == (os.cpu_count() or 1)
-    assert result["decode"][task]["systems"]["ct2"]["status"] == "skipped"
+    assert result["decode"][task]["systems"]["ours_bf16"]["status"] == "skipped"
   assert result["train"]["systems"]["ours"]["info"]["devices"] == 1
   page = report.render_run(result)
   assert "ours, float32" in page and "% of f32 peak" in page and "skipped: --skip" in page
 
 
 @pytest.mark.slow
-def test_throughput_peers_each_in_own_process(tmp_path):
+def test_throughput_peers_each_in_own_process(shared_run):
   for name in ("torch", "transformers", "ctranslate2"):
     pytest.importorskip(name)
-  result = _run(tmp_path, ["peak", "ours_bf16", "torch_bf16", "torch_compile", "torch_compile_bf16",
-                           "hf_compile"])
+  result, _ = shared_run
   systems = result["train"]["systems"]
   assert systems["torch"]["status"] == "ready", systems["torch"]
   assert "ours/torch" in result["train"]["ratios"]
@@ -182,16 +206,9 @@ def test_throughput_isa_avx2_caps_every_system(tmp_path):
 
 
 @pytest.mark.slow
-def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(tmp_path):
+def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(shared_run, tmp_path):
+  result, baseline = shared_run
   repo = pathlib.Path(__file__).resolve().parents[1]
-  baseline = tmp_path / "baseline"
-  for package in repo.iterdir():   # the Python packages are what a worker imports
-    if (package / "__init__.py").exists():
-      shutil.copytree(package, baseline / package.name, ignore=shutil.ignore_patterns("__pycache__"))
-  out = tmp_path / "throughput.json"
-  throughput.main(TINY + ["--skip", ",".join(PEERS + ["ours_bf16", "peak"]), "--baseline", str(baseline),
-                          "--out", str(out)])
-  result = json.loads(out.read_text())
   for part in (result["train"], result["decode"]["greedy"], result["decode"]["beam"]):
     ours, base = part["systems"]["ours"], part["systems"]["ours_baseline"]
     assert ours["info"]["code"] == str(repo) and base["info"]["code"] == str(baseline.resolve())
@@ -199,7 +216,7 @@ def test_throughput_baseline_checkout_runs_in_the_same_rounds_from_its_own_code(
     assert "ours/ours_baseline" in part["ratios"]
   assert "--baseline checkout" in report.render_run(result)
   with pytest.raises(SystemExit, match="not a checkout"):
-    throughput.main(TINY + ["--baseline", str(tmp_path / "nothing"), "--out", str(out)])
+    throughput.main(TINY + ["--baseline", str(tmp_path / "nothing"), "--out", str(tmp_path / "t.json")])
 
 
 @pytest.mark.slow
@@ -243,6 +260,17 @@ def test_performance_page_shows_every_results_file_and_its_ratios():
         assert f"{ratio['of_medians']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})" in page, (name, stale)
   assert report.CHANGES.read_text().strip() in page, stale
   assert len(page.splitlines()) <= 260
+
+
+def test_docs_quote_the_tables_generated_from_their_results_files():
+  """Every `<!-- table NAME: PATH -->` block of a page in docs/ is what benchmarks.report makes of PATH, and
+  every table the generator knows is quoted somewhere."""
+  used = set()
+  for page in sorted((report.REPO / "docs").rglob("*.md")):
+    text = page.read_text()
+    used |= set(re.findall(r"<!-- table (\w+): ", text))
+    assert report.render_docs_page(text) == text, f"{page.name} is stale: run `python -m benchmarks.report --docs`"
+  assert used == set(report.DOC_TABLES)
 
 
 @pytest.mark.slow

@@ -3,32 +3,19 @@ one-node cluster) writes the output one local worker writes. Skipped, with the r
 controller answers."""
 import os
 import pathlib
-import shutil
 import subprocess
 
 import pytest
 
 from decode import job as job_lib
 from test_bulk_decode import _command, _env, long_source, uninterrupted  # noqa: F401 - module fixtures
+from test_slurm import slurm_up  # noqa: F401 - skips where no SLURM controller answers
 from test_translate import corpus, model_and_params, run, vocab  # noqa: F401 - module fixtures
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def no_slurm() -> str | None:
-  """Why no SLURM job can run here, or None."""
-  if shutil.which("sbatch") is None:
-    return "SLURM is not installed (run as root: bash scripts/slurm_local.sh)"
-  try:
-    nodes = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
-  except (OSError, subprocess.TimeoutExpired) as error:
-    return f"sinfo failed: {error}"
-  if not any(state.startswith(("idle", "mixed", "allocated")) for state in nodes.stdout.split()):
-    return f"no SLURM node is up (sinfo: {(nodes.stdout + nodes.stderr).strip()[:200]})"
-  return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(no_slurm() is not None, reason=str(no_slurm()))]
+pytestmark = pytest.mark.slow
 
 
 def test_a_two_task_slurm_job_writes_the_output_of_one_local_worker(run, long_source, tmp_path,  # noqa: F811
