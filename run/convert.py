@@ -1,8 +1,8 @@
-"""A run converted between the unrolled and the scanned layer layouts (model.scan_layers).
+"""A run converted between the unrolled and the scanned layer layouts (compute.scan_layers).
 
     python -m run.convert --workdir RUN --out NEW --scan_layers=False   # or True
 
-NEW is RUN with config.json's model.scan_layers set, and every checkpoint (parameters and optimizer
+NEW is RUN with config.json's compute.scan_layers set, and every checkpoint (parameters and optimizer
 state) and the average rewritten in that layout; its vocabulary, metrics and meta (step, RNG, data
 position) are copied, so training resumes in NEW where RUN stopped, with the same numbers up to float
 rounding. Decoding and export need no conversion: `run.load_run` unrolls a scanned run when it opens it.
@@ -10,7 +10,6 @@ rounding. Decoding and export need no conversion: `run.load_run` unrolls a scann
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import shutil
 
@@ -20,7 +19,7 @@ from absl import logging   # Orbax logs through absl
 
 from model import stack
 from run import checkpoint as ckpt
-from run.config import CONFIG_FILE, load_run_config, save_config
+from run.config import CONFIG_FILE, load_run_config, read_config_json, save_config
 
 _NOT_COPIED = (ckpt.CHECKPOINTS, ckpt.AVERAGED, ckpt.UNREADABLE, "LOCK", CONFIG_FILE)
 
@@ -77,8 +76,8 @@ def convert_run(workdir, out, scan_layers: bool) -> list[str]:
     writer.wait_until_finished()
     writer.close()
     reader.close()
-  unlocked = json.loads((workdir / CONFIG_FILE).read_text())
-  unlocked.setdefault("model", {})["scan_layers"] = bool(scan_layers)
+  unlocked = read_config_json(workdir / CONFIG_FILE)   # in today's layout, also for an older run
+  unlocked["compute"] = {**unlocked["compute"], "scan_layers": bool(scan_layers)}
   save_config(type(config)(unlocked), out)
   return done
 
