@@ -10,17 +10,20 @@ rounding. Decoding and export need no conversion: `run.load_run` unrolls a scann
 from __future__ import annotations
 
 import argparse
+import logging
 import pathlib
 import shutil
 
 import jax
 import orbax.checkpoint as ocp
-from absl import logging   # Orbax logs through absl
+from absl import logging as absl_logging   # Orbax logs through absl
 
 from model import stack
 from run import checkpoint as ckpt
 from run.config import CONFIG_FILE, load_run_config, read_config_json, save_config
+from run.console import log_to_console
 
+log = logging.getLogger("run.convert")   # not __name__: that is "__main__" under python -m run.convert
 _NOT_COPIED = (ckpt.CHECKPOINTS, ckpt.AVERAGED, ckpt.UNREADABLE, "LOCK", CONFIG_FILE)
 
 
@@ -90,9 +93,11 @@ def main(argv=None) -> None:
   parser.add_argument("--scan_layers", required=True, choices=("True", "False"),
                       help="the layout of the new run: True scanned, False unrolled")
   args = parser.parse_args(argv)
-  logging.set_verbosity(logging.ERROR)   # not Orbax's notes on read-only directories
+  absl_logging.set_verbosity(absl_logging.ERROR)   # not Orbax's notes on read-only directories
+  log_to_console()
   done = convert_run(args.workdir, args.out, args.scan_layers == "True")
-  print(f"[convert] {args.workdir} -> {args.out} (scan_layers={args.scan_layers}): {', '.join(done) or 'no checkpoints'}")
+  log.info(f"[convert] {args.workdir} -> {args.out} (scan_layers={args.scan_layers}): "
+           f"{', '.join(done) or 'no checkpoints'}")
 
 
 if __name__ == "__main__":

@@ -18,3 +18,9 @@ import jax  # noqa: E402
 _CACHE = pathlib.Path(os.environ.get("AIAYN_TEST_JAX_CACHE", pathlib.Path.home() / ".cache" / "aiayn_jax_tests"))
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+# What the commands show on the console (run/console.py), also where a test calls the library directly
+# and reads the console with capsys.
+from run.console import log_to_console  # noqa: E402
+
+log_to_console()
