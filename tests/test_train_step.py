@@ -46,6 +46,7 @@ def tiny_config(**train):
   config = ml_collections.ConfigDict()
   config.model = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                       dropout_rate=0.1, max_len=32)
+  config.compute = dict()   # model.Compute's defaults
   config.train = dict(schedule="inverse_sqrt", learning_rate=3e-3, warmup_steps=5, num_steps=100,
                       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0)
   config.train.update(train)
