@@ -33,7 +33,7 @@ import jax
 import numpy as np
 import optax
 
-from model import Transformer, TransformerConfig, base, big
+from model import Compute, Transformer, TransformerConfig, base, big
 from run.mesh import make_mesh
 from train import flops as flops_lib
 from train import step as step_lib
@@ -49,18 +49,16 @@ SWEEP = {"base": (8, 16, 32, 64), "big": (8, 16, 32)}   # thousands of target to
 CPU_SWEEP = {"base": (1, 2), "big": (1, 2)}
 
 
-def model_config(name: str, platform: str, **overrides) -> TransformerConfig:
-  """The paper's `name` ('base' or 'big') in bfloat16, shrunk on a CPU."""
+def model_config(name: str, platform: str, **compute) -> TransformerConfig:
+  """The paper's `name` ('base' or 'big') in bfloat16, shrunk on a CPU; `compute`: Compute fields."""
   sizes = CPU_SIZES[name] if platform == "cpu" else {}
-  return {"base": base, "big": big}[name](**{"vocab_size": VOCAB if platform != "cpu" else 8000,
-                                            "dtype": "bfloat16", "max_len": 512, **sizes, **overrides})
+  return {"base": base, "big": big}[name](vocab_size=VOCAB if platform != "cpu" else 8000, max_len=512, **sizes,
+                                          compute=Compute(**{"dtype": "bfloat16", **compute}))
 
 
 def attention_impl(platform: str) -> str:
-  """What model.attention_impl picks on `platform` ('xla' where the config has no such switch)."""
-  chosen = getattr(TransformerConfig(), "attention_impl", None)
-  if chosen is None:
-    return "xla"
+  """What compute.attention_impl picks on `platform` by default."""
+  chosen = Compute().attention_impl
   return f"{AUTO_ATTENTION.get(platform, 'xla')} (auto)" if chosen == "auto" else chosen
 
 
@@ -247,7 +245,7 @@ def run(args, save=lambda result: None) -> dict:
   if args.variants or args.profile:
     cfg = model_config("base", platform)
     variants = {"as_configured": dict(), "dense_mask": dict(packed=True), "rbg": dict(rng_impl="rbg"),
-                "scan_layers": dict(cfg=cfg.replace(scan_layers=True)),
+                "scan_layers": dict(cfg=cfg.with_compute(scan_layers=True)),
                 "loss_chunk_2048": dict(loss_chunk_tokens=2048)}
     if not args.variants:
       variants = {"as_configured": {}}

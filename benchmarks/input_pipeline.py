@@ -37,6 +37,7 @@ import numpy as np
 
 import experiments
 from benchmarks import harness
+from run.console import log_to_console
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
 SCALE_OUT = OUT.with_name("input_pipeline_scale.json")
@@ -284,6 +285,7 @@ def main(argv=None) -> None:
                       "against the cache's flat arrays")
   parser.add_argument("--out", default=str(OUT))
   args, overrides = parser.parse_known_args(argv)
+  log_to_console()   # data/'s lines ([data] tokenized ...), as python -m train shows them
   if args.formats:
     formats(args)
   elif args.pairs:

@@ -21,7 +21,7 @@ from benchmarks import files
 from data.batching import BatchIterator
 from export import ct2 as ct2_export
 from export import hf as hf_export
-from model import Transformer, TransformerConfig
+from model import Compute, Transformer, TransformerConfig
 
 
 def random_batch(rng, rows: int, src_len: int, tgt_len: int, vocab: int) -> dict:
@@ -61,7 +61,7 @@ def main(argv=None) -> None:
   spec = json.loads((argv or sys.argv[1:])[0])
   out = pathlib.Path(spec["dir"])
   out.mkdir(parents=True, exist_ok=True)
-  cfg = TransformerConfig(**spec["model"])
+  cfg = TransformerConfig(**{**spec["model"], "compute": Compute(**spec["model"].get("compute", {}))})
   rng = np.random.default_rng(spec.get("seed", 0))
 
   t = spec["train"]

@@ -1,4 +1,4 @@
-"""What model.remat and model.scan_layers buy, measured on this machine's backend (issue 40).
+"""What compute.remat and compute.scan_layers buy, measured on this machine's backend (issue 40).
 
     python -m benchmarks.remat_scan [--part memory,time,scan,mfu] [--note TEXT] [--smoke]
 
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from benchmarks.accelerator import RESULTS, Step
-from model import base, big
+from model import Compute, base, big
 from train import flops as flops_lib
 from train import step as step_lib
 
@@ -43,8 +43,8 @@ def memory(smoke: bool) -> dict:
   out = {"model": "big", "rows": rows, "seq_len": seq_len, "tokens_per_batch": rows * seq_len}
   for scan in (False, True):
     for remat in REMATS:
-      cfg = big(vocab_size=37000 if not smoke else 500, max_len=256, kernels="reference", remat=remat,
-                scan_layers=scan, **size)
+      cfg = big(vocab_size=37000 if not smoke else 500, max_len=256, **size,
+                compute=Compute(kernels="reference", remat=remat, scan_layers=scan))
       analysis = Step(cfg, rows, seq_len, devices=jax.devices()[:1], loss_chunk_tokens=0).memory()
       out[f"{'scanned' if scan else 'unrolled'}/{remat}"] = analysis
       print(f"memory: big, {rows * seq_len} tokens, {'scanned' if scan else 'unrolled'}, remat {remat}: "
@@ -61,7 +61,8 @@ def step_time(smoke: bool, rounds: int) -> dict:
   size = dict(d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=1) if smoke else {}
   steps = {}
   for remat in REMATS:
-    cfg = base(vocab_size=37000 if not smoke else 500, max_len=256, kernels="reference", remat=remat, **size)
+    cfg = base(vocab_size=37000 if not smoke else 500, max_len=256, **size,
+               compute=Compute(kernels="reference", remat=remat))
     steps[remat] = Step(cfg, rows, seq_len, devices=jax.devices()[:1], loss_chunk_tokens=0)
   runners = {}
   for remat, step in steps.items():   # compile and run once each before any timing
@@ -100,8 +101,9 @@ def scan_compile(smoke: bool, rounds: int) -> dict:
   seconds = {"unrolled": [], "scanned": []}
   for i in range(rounds):
     for layout in (("unrolled", "scanned") if i % 2 == 0 else ("scanned", "unrolled")):
-      cfg = base(vocab_size=37000 if not smoke else 500, max_len=256, kernels="reference",
-                 num_encoder_layers=layers, num_decoder_layers=layers, scan_layers=layout == "scanned", **size)
+      cfg = base(vocab_size=37000 if not smoke else 500, max_len=256, num_encoder_layers=layers,
+                 num_decoder_layers=layers, **size,
+                 compute=Compute(kernels="reference", scan_layers=layout == "scanned"))
       step = Step(cfg, 8, 64, devices=jax.devices()[:1], loss_chunk_tokens=0)
       step.compile()
       seconds[layout].append(step.compile_s)

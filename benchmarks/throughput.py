@@ -97,12 +97,12 @@ def parse_args(argv=None):
 
 
 def model_fields(args) -> dict:
-  """TransformerConfig fields of the benchmarked model (as JSON)."""
+  """TransformerConfig fields of the benchmarked model (as JSON), its Compute fields under "compute"."""
   kernels = {"kernels": args.kernels} if args.kernels else {}
-  return dict(**kernels, vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, num_heads=args.num_heads,
+  return dict(vocab_size=args.vocab, d_model=args.d_model, d_ff=args.d_ff, num_heads=args.num_heads,
               num_encoder_layers=args.num_layers, num_decoder_layers=args.num_layers,
               dropout_rate=args.dropout, max_len=max(256, args.src_len, args.tgt_len, args.decode_len + 1),
-              dtype=args.dtype)
+              compute=dict(dtype=args.dtype, **kernels))
 
 
 def train_flops(m: dict, rows: int, src_len: int, tgt_len: int) -> float:

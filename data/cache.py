@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import logging
 import os
 import pathlib
 import random
@@ -42,6 +43,8 @@ import tqdm
 from data import vocab as vocab_lib
 from data.sources import DataError, open_split
 from data.tokens import Side, TokenPairs
+
+log = logging.getLogger(__name__)
 
 FORMAT = 2            # bumped when the layout changes: an older cache is then made again (2: checks)
 _CHUNK = 20_000       # pairs tokenized at a time (bounds the builder's memory)
@@ -74,7 +77,7 @@ def _locked(path: pathlib.Path, what: str):
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      print(f"[data] waiting for another process to finish {what} ({path})", flush=True)
+      log.info(f"[data] waiting for another process to finish {what} ({path})")
       fcntl.flock(handle, fcntl.LOCK_EX)
     try:
       yield
@@ -100,7 +103,7 @@ def tokenized(data_config, vocab, split: str = "train") -> TokenPairs:
       meta, problem = checked(path)   # another process may have made it while we waited
       if problem:
         if path.exists():
-          print(f"[data] the token cache {path} is damaged ({problem}); making it again", flush=True)
+          log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
           _set_aside(path, problem)
         build_cache(reader, vocab, path, split)
         meta, problem = checked(path)
@@ -227,8 +230,8 @@ def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
     os.fsync(handle)
     os.close(handle)
   os.replace(tmp, path)
-  print(f"[data] tokenized {pairs:,} {split} pairs ({totals['src']:,} + {totals['tgt']:,} tokens) "
-        f"into {path}")
+  log.info(f"[data] tokenized {pairs:,} {split} pairs ({totals['src']:,} + {totals['tgt']:,} tokens) "
+           f"into {path}")
 
 
 def vocab_sample(data_config, sample_sentences: int, seed: int):
@@ -288,7 +291,7 @@ def train_vocab_cached(data_config):
     if not problem:
       return model, info
     if problem != "absent":
-      print(f"[data] the cached vocabulary {path} is damaged ({problem}); training it again", flush=True)
+      log.info(f"[data] the cached vocabulary {path} is damaged ({problem}); training it again")
     texts, pairs = vocab_sample(data_config, int(settings["vocab_sample_sentences"]),
                                 int(settings["vocab_seed"]))
     size = int(settings["vocab_size"]) or vocab_lib.auto_vocab_size(pairs)   # 0: by corpus size

@@ -12,11 +12,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import itertools
+import logging
 import os
 import pathlib
 import warnings
 
 import tqdm
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("synthetic", "tfds", "files")
 SPLITS = ("train", "dev", "test")
@@ -82,7 +85,7 @@ def open_split(data_config, split: str):
                                      data_config.get("synthetic_train_size", 200_000),
                                      data_config.get("tfds_data_dir", "") or None)
     if not builder.is_prepared():
-      print(f"[data] generating the embedded corpus into {builder.data_dir} (once)")
+      log.info(f"[data] generating the embedded corpus into {builder.data_dir} (once)")
       import tensorflow_datasets as tfds
       with warnings.catch_warnings():
         warnings.simplefilter("ignore")

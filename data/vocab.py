@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import pathlib
 import random
 import zipfile
 
 import sentencepiece as spm
+
+log = logging.getLogger(__name__)
 
 VOCAB_FILE = "vocab.model"
 VOCAB_INFO = "vocab.json"    # what it was trained on (data.cache.train_vocab_cached)
@@ -163,7 +166,7 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
     raise ValueError(f"config.data.vocab_model_type={model_type!r}: use one of {MODEL_TYPES}")
   rng = random.Random(seed)
   sample = texts if len(texts) <= sample_sentences else rng.sample(texts, sample_sentences)
-  print(f"[data] training a {vocab_size}-piece SentencePiece vocabulary on {len(sample)} sentences")
+  log.info(f"[data] training a {vocab_size}-piece SentencePiece vocabulary on {len(sample)} sentences")
   writer = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,

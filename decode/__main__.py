@@ -27,6 +27,7 @@ from data import tasks
 from decode import DEFAULTS
 from decode import job as job_lib
 from decode.progress import Progress
+from run.console import log_to_console
 from run.user_errors import fail, reported
 
 
@@ -66,6 +67,7 @@ def use_cpu_devices(count: int) -> None:
 
 
 def main(argv=None) -> None:
+  log_to_console()   # what run/ and data/ log while decoding
   with reported():   # user errors: one line `error: ...`, exit status 2
     _main(argv)
 

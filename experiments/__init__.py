@@ -66,7 +66,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
         raise KeyError(f"config override {dotted!r}: no section {name!r}; known: {sorted(node.keys())}")
       node = node[name]
     if leaf not in node:
-      close = difflib.get_close_matches(leaf, list(node.keys()), n=1)
+      # A key that lives in another section (model.dtype moved to compute.dtype) before a similar name.
+      elsewhere = [f"{name}.{leaf}" for name, section in config.items()
+                   if isinstance(section, ml_collections.ConfigDict) and leaf in section]
+      close = elsewhere or difflib.get_close_matches(leaf, list(node.keys()), n=1)
       known = f"did you mean {close[0]!r}?" if close else f"known: {sorted(node.keys())}"
       raise KeyError(f"config override {dotted!r}: no key {leaf!r} in {'.'.join(parents) or 'config'}; "
                      f"{known}")

@@ -32,20 +32,26 @@ def get_config(arg=None):
       d_model=128, d_ff=512, num_heads=4, d_k=None, d_v=None,
       num_encoder_layers=2, num_decoder_layers=2,
       dropout_rate=0.0, attention_dropout_rate=0.0, relu_dropout_rate=0.0,
-      max_len=256, dtype="float32", param_dtype="float32",
+      max_len=256, param_dtype="float32",
       pre_norm=False, positions="sinusoidal", share_embeddings=True, attention_bias=True,
-      kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
-      attention_impl="auto",       # auto | xla | cudnn | splash: the attention kernel (docs/accelerators.md)
-      remat="none",                # none | minimal | full: recompute in the backward pass (docs/accelerators.md)
-      scan_layers=False,           # one nn.scan per stack (docs/accelerators.md)
   ))
 
   # Typed None, so that --config.model.d_k=64 can override it (config_flags refuses a plain None field).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
+
+  # How the model is computed: fields of model.config.Compute. None of them changes the parameters, so a
+  # run may resume with other values (scan_layers only after python -m run.convert).
+  config.compute = ml_collections.ConfigDict(dict(
+      dtype="float32",             # activations (logits, softmax, norms and the loss stay float32)
+      kernels="auto",              # auto | reference | cpu: the XLA:CPU fast paths (docs/model.md)
+      attention_impl="auto",       # auto | xla | cudnn | splash: the attention kernel (docs/accelerators.md)
+      remat="none",                # none | minimal | full: recompute in the backward pass (docs/accelerators.md)
+      scan_layers=False,           # one nn.scan per stack (docs/accelerators.md)
+  ))
   # Matmul operands: None (the compute dtype) or "bfloat16", mixed precision with float32 accumulation
-  # (docs/model.md): --config.model.matmul_dtype=bfloat16.
-  config.model.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
+  # (docs/model.md): --config.compute.matmul_dtype=bfloat16.
+  config.compute.matmul_dtype = ml_collections.FieldReference(None, field_type=str)
 
   # Data (owned by data/): see docs/data.md.
   config.data = ml_collections.ConfigDict(dict(

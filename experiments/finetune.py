@@ -53,6 +53,7 @@ def get_config(arg=None):
                      f"directory (python -m export.load_hf writes one)")
   pretrained = read_config_json(pathlib.Path(arg) / CONFIG_FILE)
   config.model = ml_collections.ConfigDict({**config.model.to_dict(), **pretrained["model"]})
+  config.compute = ml_collections.ConfigDict({**config.compute.to_dict(), **pretrained["compute"]})
   config.data.max_len = int(pretrained["data"].get("max_len", config.data.max_len))
   config.data.source_eos = bool(pretrained["data"].get("source_eos", True))
   config.data.vocab_file = str(pathlib.Path(arg) / VOCAB_FILE)

@@ -42,7 +42,7 @@ def get_config(arg=None):
   config = default.get_config()
   config.workdir = "runs/small_corpus"
   config.model.update(pre_norm=True)
-  config.model.matmul_dtype = "bfloat16" if bf16 else None
+  config.compute.matmul_dtype = "bfloat16" if bf16 else None
   config.data.update(source="files", src_lang="en", tgt_lang="de",
                      vocab_size=VOCAB_SIZE,
                      max_len=0,                 # by the corpus's lengths (data.max_len.derive_max_len)

@@ -189,8 +189,8 @@ def _cpu_config(corpus_dir: str, width_scale: int = CPU_SCALE) -> ml_collections
   config.model.update(d_model=full.d_model // width_scale, d_ff=full.d_ff // width_scale,
                       num_encoder_layers=full.num_encoder_layers // CPU_LAYER_SCALE,
                       num_decoder_layers=full.num_decoder_layers // CPU_LAYER_SCALE,
-                      max_len=256,   # positions: the corpus's pairs are short (max_len 64 pieces + 50)
-                      dtype="float32")   # a CPU experiment: the full-size rows' bfloat16 is an accelerator's
+                      max_len=256)   # positions: the corpus's pairs are short (max_len 64 pieces + 50)
+  config.compute.dtype = "float32"   # a CPU experiment: the full-size rows' bfloat16 is an accelerator's
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)   # None: d_model / num_heads
   config.model.d_v = ml_collections.FieldReference(None, field_type=int)
   corpus = os.path.abspath(corpus_dir)

@@ -30,8 +30,8 @@ train/tgt_tokens_per_batch). A batch's fixed shape has room for its bucket's sho
 up to ~1.5x as many slots, the unused rows being padding. The batch is split over the devices and then
 into config.train.grad_accum_steps micro-batches, so fewer or smaller devices keep the paper's batch by
 raising grad_accum_steps: each device holds batch_tokens / (devices * grad_accum_steps) real tokens per
-side at once. The models compute in bfloat16 (model.dtype; float32 parameters, optimizer state,
-softmax, norms and loss); --config.model.dtype=float32 trains in float32 instead.
+side at once. The models compute in bfloat16 (compute.dtype; float32 parameters, optimizer state,
+softmax, norms and loss); --config.compute.dtype=float32 trains in float32 instead.
 
 The TFDS splits of wmt14_translate/de-en (tensorflow_datasets/translate/wmt14.py, checked in the installed
 4.9.10): 'train' = europarl_v7 + commoncrawl + newscommentary_v9 (4.5M pairs), 'validation' =
@@ -62,10 +62,10 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
                       dropout_rate=big_dropout if size == "big" else 0.1,
                       attention_dropout_rate=0.0, relu_dropout_rate=0.0,
                       max_len=512,           # positions for the longest newstest sentences plus 50
-                      pre_norm=False, positions="sinusoidal", share_embeddings=True,
-                      # An accelerator's settings: bfloat16 activations and matmul operands; parameters,
-                      # optimizer state, softmax, norms and the loss stay float32 (docs/accelerators.md).
-                      dtype="bfloat16", param_dtype="float32")
+                      pre_norm=False, positions="sinusoidal", share_embeddings=True, param_dtype="float32")
+  # An accelerator's settings: bfloat16 activations and matmul operands; parameters, optimizer state,
+  # softmax, norms and the loss stay float32 (docs/accelerators.md).
+  config.compute.dtype = "bfloat16"
 
   # Typed None: config_flags refuses to override a field whose value is plain None (Table 3 sets them).
   config.model.d_k = ml_collections.FieldReference(None, field_type=int)

@@ -32,8 +32,9 @@ def export_run(workdir, fmt: str, out_dir, checkpoint=None) -> pathlib.Path:
     raise ValueError(f"--format {fmt!r}: use one of {FORMATS}")
   opened = run.load_run(workdir, checkpoint, check=functools.partial(check_exportable, fmt=fmt))
   cfg, spm_path = opened.model_config, pathlib.Path(opened.vocab.path)
-  if cfg.matmul_dtype is not None and as_dtype(cfg.matmul_dtype) != as_dtype(cfg.dtype):
-    print(f"note: {workdir} computes its matmuls with {cfg.matmul_dtype} operands (mixed precision); the "
+  compute = cfg.compute
+  if compute.matmul_dtype is not None and as_dtype(compute.matmul_dtype) != as_dtype(compute.dtype):
+    print(f"note: {workdir} computes its matmuls with {compute.matmul_dtype} operands (mixed precision); the "
           f"exported model computes them in float32 from the same float32 weights, so its logits differ "
           f"from ours by that rounding", file=sys.stderr)
   source_eos = data.source_eos(opened.config.data)

@@ -22,6 +22,7 @@ An unsupported configuration is refused before any weight is read, with one line
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -34,7 +35,7 @@ from data.vocab import BOS, PAD, VOCAB_FILE, PairVocab
 from decode import DEFAULTS
 from export.hf import SINUSOID_TOLERANCE
 from export.weights import marian_permutation, params_from_neutral
-from model import Transformer, TransformerConfig
+from model import Compute, Transformer, TransformerConfig
 from model.embedding import sinusoid
 from run import checkpoint as ckpt
 from run.config import save_config
@@ -229,12 +230,12 @@ def run_config(settings: dict, cfg: TransformerConfig, hf: dict, source_eos: boo
   a directory we exported says in aiayn_export.json whether its run did), max_len the model's, decoding
   with the generation config's beam. The data and train sections say only what decoding reads;
   experiments/finetune.py makes a fine-tuning run's whole config from them."""
-  model = dict(settings, positions=cfg.positions, kernels="auto")
+  model = dict(settings, positions=cfg.positions)
   decoding = dict(DEFAULTS)
   if hf.get("num_beams"):
     decoding["beam_size"] = int(hf["num_beams"])
   return ml_collections.ConfigDict(dict(
-      seed=0, workdir="", model=model, decode=decoding,
+      seed=0, workdir="", model=model, compute=dataclasses.asdict(Compute()), decode=decoding,
       data=dict(source="files", source_eos=bool(source_eos), max_len=cfg.max_len, vocab_size=cfg.vocab_size),
       train=dict(num_steps=0, imported_from=CLASSES[hf["model_type"]])))
 

@@ -10,7 +10,7 @@ import pathlib
 import experiments
 import run
 from data.vocab import VOCAB_FILE
-from model.config import num_params
+from model import num_params
 from run import metrics as metrics_io
 from jobs import sweep_directions
 

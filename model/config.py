@@ -1,6 +1,8 @@
-"""Architecture hyperparameters of the Transformer, as one frozen dataclass.
+"""The Transformer's hyperparameters: what the model is (`TransformerConfig`, the architecture) and how
+it is computed (`Compute`, which it carries as `cfg.compute`).
 
-Layers take what they need from it as constructor arguments; nothing reads a global config.
+Layers take what they need from them as constructor arguments; nothing reads a global config. A run may
+resume with other compute settings (run/config.py), never with another architecture.
 """
 from __future__ import annotations
 
@@ -32,6 +34,45 @@ def as_dtype(dtype: Any):
 
 
 @dataclasses.dataclass(frozen=True)
+class Compute:
+  """How a model is computed. None of these changes the parameters it has or the function it computes
+  (beyond rounding), so a run may resume with other values; scan_layers changes only their layout."""
+  dtype: Any = "float32"               # activations; logits, softmax, norms and the loss stay float32
+  # Operands of every matmul (None: dtype). "bfloat16" with dtype "float32" is mixed precision:
+  # bfloat16 operands, float32 accumulation and activations, also in the backward pass.
+  matmul_dtype: Any = None
+  # Which implementation computes the model: "reference" (model/ as written), "cpu" (the XLA:CPU fast
+  # paths of kernels/, same results) or "auto" (cpu on the CPU backend, reference elsewhere).
+  kernels: str = "auto"
+  # Which kernel computes the teacher-forced attention (docs/accelerators.md): "xla" (model/attention.py
+  # as written), "cudnn" (jax.nn.dot_product_attention's cuDNN flash attention), "splash" (Pallas TPU
+  # splash attention), or "auto": cudnn on a GPU, splash on a TPU, xla on a CPU, chosen by the platform
+  # the program is lowered for. A setting a kernel cannot take falls back.
+  attention_impl: str = "auto"
+  # Memory and compile time (docs/accelerators.md).
+  remat: str = "none"                  # | "minimal" (keep the layers' matmul outputs) | "full" (keep inputs)
+  scan_layers: bool = False            # one nn.scan per stack: parameters stacked [layers, ...]
+
+  def __post_init__(self):
+    def fail(msg):
+      raise ValueError(f"Compute: {msg}")
+
+    for name, allowed in dict(kernels=KERNELS, attention_impl=ATTENTION_IMPLS, remat=REMATS).items():
+      if getattr(self, name) not in allowed:
+        fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
+    as_dtype(self.dtype)
+    if self.matmul_dtype is not None:
+      matmul = as_dtype(self.matmul_dtype)
+      if matmul != as_dtype(self.dtype) and as_dtype(self.dtype) != jnp.float32:
+        fail(f"matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision rounds the "
+             f"operands of float32 activations; with dtype={self.dtype!r} they are {self.dtype} already. "
+             f"Leave matmul_dtype unset, or use dtype='float32'")
+
+  def replace(self, **changes) -> "Compute":
+    return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """The paper's encoder-decoder (defaults: the base model of Table 3, Vaswani et al. 2017).
 
@@ -49,19 +90,7 @@ class TransformerConfig:
   attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
   relu_dropout_rate: float = 0.0       # inside the FFN (not in the paper)
   max_len: int = 256                   # longest sequence positions are defined for
-  dtype: Any = "float32"               # compute dtype; logits and softmax are always float32
-  param_dtype: Any = "float32"
-  # Operands of every matmul (None: the compute dtype). "bfloat16" with dtype "float32" is mixed
-  # precision: bfloat16 operands, float32 accumulation and activations, also in the backward pass.
-  matmul_dtype: Any = None
-  # Which implementation computes the model: "reference" (model/ as written), "cpu" (the XLA:CPU fast
-  # paths of kernels/, same results) or "auto" (cpu on the CPU backend, reference elsewhere).
-  kernels: str = "auto"
-  # Which kernel computes the teacher-forced attention (docs/accelerators.md): "xla" (model/attention.py
-  # as written), "cudnn" (jax.nn.dot_product_attention's cuDNN flash attention), "splash" (Pallas TPU
-  # splash attention), or "auto": cudnn on a GPU, splash on a TPU, xla on a CPU, chosen by the platform
-  # the program is lowered for. Same model, same parameters; a setting a kernel cannot take falls back.
-  attention_impl: str = "auto"
+  param_dtype: Any = "float32"         # what init creates and checkpoints store
   # Switches. Defaults are the paper's choices.
   pre_norm: bool = False               # LayerNorm before each sub-layer, plus final norms
   share_embeddings: bool = True        # one matrix: encoder input, decoder input, pre-softmax
@@ -78,9 +107,7 @@ class TransformerConfig:
   relative_buckets: int = 32           # positions="relative": buckets per stack (T5)
   relative_max_distance: int = 128     # positions="relative": distances beyond share the last bucket
   num_classes: int = 0                 # encoder_only: > 0 adds the pooled-output classification head
-  # Memory and compile time (docs/accelerators.md); neither changes what the model computes.
-  remat: str = "none"                  # | "minimal" (keep the layers' matmul outputs) | "full" (keep inputs)
-  scan_layers: bool = False            # one nn.scan per stack: parameters stacked [layers, ...]
+  compute: Compute = Compute()         # how it is computed: dtypes, kernels, remat, scan
 
   def __post_init__(self):
     def fail(msg):
@@ -106,8 +133,7 @@ class TransformerConfig:
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         fail(f"{name} must be in [0, 1), got {rate}")
-    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS, remat=REMATS,
-                   attention_impl=ATTENTION_IMPLS)
+    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS)
     for name, allowed in choices.items():
       if getattr(self, name) not in allowed:
         fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
@@ -119,16 +145,9 @@ class TransformerConfig:
       fail("arch='encoder_only' needs num_encoder_layers >= 1")
     if self.num_classes < 0 or (self.num_classes and self.arch != "encoder_only"):
       fail(f"num_classes={self.num_classes}: a classification head is for arch='encoder_only' only")
-    if self.kernels not in KERNELS:
-      fail(f"kernels={self.kernels!r} is not one of {list(KERNELS)}")
-    as_dtype(self.dtype)
     as_dtype(self.param_dtype)
-    if self.matmul_dtype is not None:
-      matmul = as_dtype(self.matmul_dtype)
-      if matmul != as_dtype(self.dtype) and as_dtype(self.dtype) != jnp.float32:
-        fail(f"matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision rounds the "
-             f"operands of float32 activations; with dtype={self.dtype!r} they are {self.dtype} already. "
-             f"Leave matmul_dtype unset, or use dtype='float32'")
+    if not isinstance(self.compute, Compute):
+      fail(f"compute must be a Compute, got {type(self.compute).__name__}")
 
   @property
   def kv_heads(self) -> int:
@@ -159,6 +178,10 @@ class TransformerConfig:
   def replace(self, **changes) -> "TransformerConfig":
     return dataclasses.replace(self, **changes)
 
+  def with_compute(self, **changes) -> "TransformerConfig":
+    """The same model computed otherwise: cfg.with_compute(kernels="reference")."""
+    return self.replace(compute=self.compute.replace(**changes))
+
 
 def base(**overrides) -> TransformerConfig:
   """The paper's base model (Table 3, first row): 6+6 layers, d_model 512, 8 heads."""
@@ -174,39 +197,3 @@ def big(**overrides) -> TransformerConfig:
 
 PRESETS = {"base": base, "big": big}
 
-
-def num_params(cfg: TransformerConfig) -> int:
-  """Exact parameter count of the model `cfg` describes (what `init` creates), in closed form."""
-  d, f, h, dk, dv = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
-  g = cfg.kv_heads
-  bias = 1 if cfg.attention_bias else 0
-  # Q: d -> h*dk; K: d -> g*dk; V: d -> g*dv; output: h*dv -> d.
-  attention = ((d * h * dk + bias * h * dk) + (d * g * dk + bias * g * dk) + (d * g * dv + bias * g * dv)
-               + (h * dv * d + bias * d))
-  inputs = 2 if cfg.activation in ("swiglu", "geglu") else 1
-  ffn = inputs * (d * f + f) + f * d + d
-  norm = 2 * d if cfg.norm == "layernorm" else d
-  encoder_layer = attention + ffn + 2 * norm
-  cross = 0 if cfg.arch == "decoder_only" else attention + norm
-  decoder_layer = attention + cross + ffn + 2 * norm
-  enc, dec = cfg.num_encoder_stack_layers, cfg.num_decoder_stack_layers
-  total = enc * encoder_layer + dec * decoder_layer
-  embeddings = cfg.vocab_size * d
-  stacks = 2 if cfg.arch == "encoder_decoder" else 1
-  if cfg.arch != "encoder_decoder":
-    total += embeddings if cfg.share_embeddings else 2 * embeddings   # input table (+ output matrix)
-  else:
-    total += embeddings if cfg.share_embeddings else 3 * embeddings
-  if cfg.positions == "learned":
-    total += stacks * cfg.max_len * d  # one table per stack
-  if cfg.positions == "relative":
-    total += stacks * cfg.relative_buckets * h
-  if cfg.pre_norm:
-    total += (norm if enc else 0) + norm if cfg.arch == "encoder_decoder" else norm
-  if cfg.logits_bias:
-    total += cfg.vocab_size
-  if cfg.arch == "encoder_only":
-    total += d * d + d + norm + cfg.vocab_size     # MLM head: transform, norm, output bias
-    if cfg.num_classes:
-      total += d * d + d + d * cfg.num_classes + cfg.num_classes   # pooler, classifier
-  return total

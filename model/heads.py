@@ -8,7 +8,7 @@ from model.config import TransformerConfig, as_dtype
 
 
 def _dense(cfg: TransformerConfig, features: int, name: str):
-  return nn.Dense(features, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
+  return nn.Dense(features, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
                   kernel_init=nn.initializers.xavier_uniform(), name=name)
 
 

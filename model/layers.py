@@ -28,7 +28,7 @@ class FeedForward(nn.Module):
     """x [b, len, d_model] -> [b, len, d_model]; panels: None, or the kernels laid out for a decoding
     step (`decoding_panels`)."""
     cfg, ops, panels = self.cfg, ops_for(self.cfg), panels or {}
-    dense = lambda n, name, x: Dense(n, dtype=as_dtype(cfg.dtype), param_dtype=as_dtype(cfg.param_dtype),
+    dense = lambda n, name, x: Dense(n, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
                                      kernel_init=nn.initializers.xavier_uniform(),
                                      dot_general=ops.dot_general, name=name)(x, panels.get(name))
     h = _ACTIVATIONS[cfg.activation](dense(cfg.d_ff, "wi", x))   # [b, len, d_ff]
@@ -46,18 +46,18 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
   ops = ops_for(cfg)
   return MultiHeadAttention(num_heads=cfg.num_heads, d_k=cfg.head_dim_k, d_v=cfg.head_dim_v,
                             d_model=cfg.d_model, use_bias=cfg.attention_bias,
-                            dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.dtype),
+                            dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.compute.dtype),
                             param_dtype=as_dtype(cfg.param_dtype), dot_general=ops.dot_general,
                             dropout_cls=ops.dropout, num_kv_heads=cfg.kv_heads,
-                            rope=cfg.positions == "rope" and not cross, impl=cfg.attention_impl)
+                            rope=cfg.positions == "rope" and not cross, impl=cfg.compute.attention_impl)
 
 
 def layer_norm(cfg: TransformerConfig, name=None):
   """The norm cfg.norm names: LayerNorm (the paper) or RMSNorm (a scale, no centring, no bias)."""
   if cfg.norm == "rmsnorm":
-    return nn.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.dtype),
+    return nn.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
                       param_dtype=as_dtype(cfg.param_dtype), name=name)
-  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.dtype),
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
                       param_dtype=as_dtype(cfg.param_dtype), name=name)
 
 

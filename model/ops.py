@@ -51,7 +51,7 @@ class Ops:
   dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
   fused_loss: whether train/ fuses the output layer with the loss (train/chunked_loss.py): every
   architecture with a decoder, on every path; the masked LM's head keeps full logits.
-  matmul_dtype: cfg.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
+  matmul_dtype: cfg.compute.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
   (mixed precision), else None.
   """
   matmul_dtype: Any
@@ -94,7 +94,7 @@ def _reference_logits(dot_general, y, table):
 
 def _mixed(cfg: TransformerConfig):
   """(compute dtype, the matmul operand dtype where it is below the compute dtype, else None)."""
-  dtype, matmul = as_dtype(cfg.dtype), as_dtype(cfg.matmul_dtype)
+  dtype, matmul = as_dtype(cfg.compute.dtype), as_dtype(cfg.compute.matmul_dtype)
   return dtype, (matmul if matmul is not None and matmul != dtype else None)
 
 
@@ -102,7 +102,7 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   """The reference or fast pieces for `cfg` (see the module docstring). Builds nothing."""
   dtype, mixed = _mixed(cfg)
   fused_loss = cfg.arch != "encoder_only"   # the same on every path
-  if kernels.resolve(cfg.kernels) == "cpu":
+  if kernels.resolve(cfg.compute.kernels) == "cpu":
     return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
                dropout=dropout16.Dropout, fused_loss=fused_loss)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
@@ -110,13 +110,13 @@ def ops_for(cfg: TransformerConfig) -> Ops:
 
 
 def on_lowering_platform(fn: Callable, cfg: TransformerConfig, *args):
-  """fn(cfg, *args), with cfg.kernels="auto" resolved by the platform the program is lowered for: a
+  """fn(cfg, *args), with cfg.compute.kernels="auto" resolved by the platform the program is lowered for: a
   program lowered for the CPU runs fn with kernels="cpu", one lowered for anything else with
   "reference". Both are traced; only the lowered platform's branch reaches the compiled program.
   args are passed through as arguments: a branch must close over no arrays (jax.export)."""
-  if cfg.kernels != "auto":
+  if cfg.compute.kernels != "auto":
     return fn(cfg, *args)
-  branch = lambda kernels: functools.partial(fn, cfg.replace(kernels=kernels))
+  branch = lambda kernels: functools.partial(fn, cfg.with_compute(kernels=kernels))
   return lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
 
 
@@ -130,7 +130,7 @@ def decoding_for(cfg: TransformerConfig) -> Decoding:
   # with the plain cache: the CPU caches lay out num_heads heads and attend without a bias.
   plain_cache = lambda beam_slots: KVCache(**dict(shape, num_heads=cfg.kv_heads))
   dot_general = ops_for(cfg).dot_general
-  if kernels.resolve(cfg.kernels) != "cpu":
+  if kernels.resolve(cfg.compute.kernels) != "cpu":
     return Decoding(cache=plain_cache, decoding_weights=lambda table: table,
                     decoding_logits=functools.partial(_reference_logits, dot_general))
   # The C++ attention (one custom call per attention) and panel products where they built; float32 only.

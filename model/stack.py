@@ -4,7 +4,7 @@ layer optionally rematerialized. Neither switch changes what the model computes.
     layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)   # in setup
     x = stack.apply(layers, x, mask, deterministic, positions, bias)
 
-cfg.remat: which activations of a layer the backward pass keeps; the rest it recomputes from the layer's
+cfg.compute.remat: which activations of a layer the backward pass keeps; the rest it recomputes from the layer's
 input (jax.checkpoint through nn.remat):
   none     everything the forward pass made (no recomputation);
   minimal  the outputs of the matmuls with no batch dimension (jax.checkpoint_policies.
@@ -13,7 +13,7 @@ input (jax.checkpoint through nn.remat):
            dropout masks, norms and activations are recomputed, which costs a few elementwise passes
            and the two batched attention matmuls;
   full     nothing but the layer's input: the forward pass is run twice.
-cfg.scan_layers: the layers become one nn.scan whose parameters are stacked on a leading axis,
+cfg.compute.scan_layers: the layers become one nn.scan whose parameters are stacked on a leading axis,
   params[stack]['layers'][...] [num_layers, ...] instead of params[stack]['layers_0'] ...; XLA compiles
   the layer once instead of once per layer. `unroll_params` and `scan_params` convert between the two
   layouts; decoding reads the unrolled one (run.load_run converts a scanned run when it opens it).
@@ -44,16 +44,16 @@ def make(cfg: TransformerConfig, layer_cls, num_layers: int, deterministic_argnu
   """The layers of one stack, for a module's setup: a list of `num_layers` layer_cls(cfg), or one
   nn.scan over them. deterministic_argnum: where the Python bool `deterministic` is in layer_cls.__call__
   (self counted as 0); remat traces the layer once per value."""
-  if cfg.scan_layers and num_layers:
+  if cfg.compute.scan_layers and num_layers:
     body = _carry(layer_cls)
-    if cfg.remat != "none":   # inside a scan, CSE cannot merge the recomputation away (prevent_cse off)
-      body = nn.remat(body, policy=POLICIES[cfg.remat], prevent_cse=False,
+    if cfg.compute.remat != "none":   # inside a scan, CSE cannot merge the recomputation away (prevent_cse off)
+      body = nn.remat(body, policy=POLICIES[cfg.compute.remat], prevent_cse=False,
                       static_argnums=(deterministic_argnum,))
     scanned = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                       in_axes=nn.broadcast, length=num_layers)
     return scanned(cfg, name=SCANNED)
-  if cfg.remat != "none":
-    layer_cls = nn.remat(layer_cls, policy=POLICIES[cfg.remat], static_argnums=(deterministic_argnum,))
+  if cfg.compute.remat != "none":
+    layer_cls = nn.remat(layer_cls, policy=POLICIES[cfg.compute.remat], static_argnums=(deterministic_argnum,))
   return [layer_cls(cfg) for _ in range(num_layers)]
 
 
@@ -68,7 +68,7 @@ def apply(layers, x, *args):
 
 def check_unrolled(cfg: TransformerConfig, what: str) -> None:
   """Decoding runs layer by layer over the unrolled layout; refuses a scanned model, naming the fix."""
-  if cfg.scan_layers:
+  if cfg.compute.scan_layers:
     raise ValueError(f"{what}: scan_layers=True stacks the layers for training; decode with the unrolled "
                      f"layout: model, params = model.stack.unrolled(model, params) (run.load_run does it)")
 
@@ -111,6 +111,6 @@ def scan_params(params):
 
 def unrolled(model, params):
   """(model, params) -> the same model with scan_layers=False and its parameters in that layout."""
-  if not model.cfg.scan_layers:
+  if not model.cfg.compute.scan_layers:
     return model, params
-  return type(model)(model.cfg.replace(scan_layers=False)), unroll_params(params)
+  return type(model)(model.cfg.with_compute(scan_layers=False)), unroll_params(params)

@@ -38,7 +38,7 @@ def _segments_and_positions(ids, segments, positions):
 
 def _embedder(cfg: TransformerConfig, shared):
   return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, shared, cfg.vocab_size,
-                  as_dtype(cfg.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
+                  as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
 
 
 class PositionBias(nn.Module):
@@ -184,7 +184,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg, ops = self.cfg, ops_for(self.cfg)
-    dtype, param_dtype = as_dtype(cfg.dtype), as_dtype(cfg.param_dtype)
+    dtype, param_dtype = as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype)
     if cfg.share_embeddings:
       shared = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
                         embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5),
@@ -225,7 +225,7 @@ class Transformer(nn.Module):
     if self.cfg.arch == "encoder_only":
       y = self.mlm_head(y)
     if self.cfg.share_embeddings:
-      logits = jnp.einsum("...d,vd->...v", y.astype(as_dtype(self.cfg.dtype)), self.output_table(),
+      logits = jnp.einsum("...d,vd->...v", y.astype(as_dtype(self.cfg.compute.dtype)), self.output_table(),
                         preferred_element_type=jnp.float32,
                         _dot_general=ops_for(self.cfg).dot_general or jax.lax.dot_general)
     else:
@@ -235,7 +235,7 @@ class Transformer(nn.Module):
 
   def output_table(self):
     """The pre-softmax weights as [vocab, d_model] in the compute dtype: logits = y @ table^T."""
-    dtype = as_dtype(self.cfg.dtype)
+    dtype = as_dtype(self.cfg.compute.dtype)
     if self.cfg.share_embeddings:
       return self.shared_embedding.embedding.astype(dtype)
     return self.output_projection.variables["params"]["kernel"].T.astype(dtype)
@@ -250,7 +250,7 @@ class Transformer(nn.Module):
                              deterministic)
     if not self.cfg.share_embeddings and self.is_initializing():
       self.output_projection(y[:, :1])   # creates its parameters when init goes through here
-    return y.astype(as_dtype(self.cfg.dtype)), self.output_table()
+    return y.astype(as_dtype(self.cfg.compute.dtype)), self.output_table()
 
   def classify(self, src, src_segments=None, src_positions=None, deterministic=True):
     """Encoder-only with num_classes: src int [b, src_len] -> float32 class logits [b, num_classes],
@@ -329,7 +329,7 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
 
   Every leaf has leading dimension batch_size (so beam search can tile and reorder it), among them
   'index' int32 [batch_size], the position the next token is written to (equal across rows); the rest
-  is the chosen cache's (model/cache.py, or kernels/decode_cache.py with cfg.kernels). beam_slots=True
+  is the chosen cache's (model/cache.py, or kernels/decode_cache.py with cfg.compute.kernels). beam_slots=True
   asks for a cache that beam search reorders with `reorder_cache` only (the CPU kernels keep keys and
   values in place).
   """

@@ -26,7 +26,7 @@ import ml_collections
 
 from data import cache as data_cache
 from data.vocab import VOCAB_FILE, VOCAB_INFO, PairVocab, Vocab, check_vocab, open_vocab
-from model import Transformer, TransformerConfig, stack
+from model import Compute, Transformer, TransformerConfig, stack
 from run import checkpoint as ckpt
 from run.config import CONFIG_FILE, load_run_config
 from run.user_errors import UserError
@@ -63,9 +63,10 @@ def checkpoint_arg(text):
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-  """The architecture of a run: its config.model plus the vocabulary's size. The one place a config
-  becomes a model: `Transformer(model_config(config, vocab.size))`."""
-  return TransformerConfig(vocab_size=vocab_size, **config.model.to_dict())
+  """The model of a run: the architecture (config.model plus the vocabulary's size) computed as
+  config.compute says. The one place a config becomes a model: `Transformer(model_config(config, vocab.size))`."""
+  return TransformerConfig(vocab_size=vocab_size, compute=Compute(**config.compute.to_dict()),
+                           **config.model.to_dict())
 
 
 def load_vocab(workdir) -> Vocab:
@@ -91,7 +92,7 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
   vocab = load_vocab(workdir)
   try:
     cfg = model_config(config, vocab.size)
-  except (TypeError, ValueError) as error:   # a key or value of the model section that no model has
+  except (TypeError, ValueError) as error:   # a key or value of the model (or compute) section that no model has
     raise UserError(f"{pathlib.Path(workdir) / CONFIG_FILE}: its model section does not describe a model "
                     f"({' '.join(str(error).split())[:200]}): {DAMAGED}") from None
   if check is not None:

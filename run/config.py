@@ -9,7 +9,7 @@ import pathlib
 
 import ml_collections
 
-from model import TransformerConfig
+from model import Compute, TransformerConfig
 from run.user_errors import UserError
 from run.workdir import DAMAGED, read_file, run_file, write_atomically
 
@@ -33,18 +33,27 @@ def read_config_json(path) -> dict:
   if not isinstance(config, dict) or not all(isinstance(config.get(s), dict) for s in sections):
     raise UserError(f"{path} is not a run's config (a JSON object with the sections {', '.join(sections)}): "
                     f"{DAMAGED}")
-  return _renamed_keys(config)
+  config = _renamed_keys(config)
+  if not isinstance(config["compute"], dict):
+    raise UserError(f"{path} is not a run's config (its compute section is not a JSON object): {DAMAGED}")
+  return config
 
 
 def _renamed_keys(config: dict) -> dict:
-  """A config.json written before a key was renamed, in today's keys: model.learned_positions=True
-  (older runs) is model.positions='learned'."""
+  """A config.json written before a key was renamed or moved, in today's keys: model.learned_positions=True
+  (older runs) is model.positions='learned'; the compute settings (model.dtype, model.kernels, ...: the
+  fields of model.Compute) that older runs kept under "model" are the "compute" section."""
   model = config["model"]
   if "learned_positions" in model:
     model = dict(model)
     if model.pop("learned_positions"):
       model["positions"] = "learned"
     config = {**config, "model": model}
+  if "compute" not in config:
+    names = {field.name for field in dataclasses.fields(Compute)}
+    compute = {key: value for key, value in model.items() if key in names}
+    model = {key: value for key, value in model.items() if key not in names}
+    config = {**config, "model": model, "compute": compute}
   return config
 
 
@@ -65,22 +74,29 @@ def recorded_max_len(workdir) -> int:
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir, has_checkpoints: bool) -> list[str]:
-  """The changes of `config` since workdir/config.json was written ("key: old -> new"); a change of the
-  model, data or seed of a run that has checkpoints is a UserError (kernels, remat and attention_impl
-  compute the same parameters, so they may change)."""
+  """The changes of `config` since workdir/config.json was written ("key: old -> new"). A run that has
+  checkpoints resumes with the same model, data and seed (a change is a UserError); its compute settings
+  may change, all but the layout of its parameters (compute.scan_layers: python -m run.convert)."""
   path = pathlib.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return []
-  new = config.to_dict()
-  changes = diff_configs(with_model_defaults(read_config_json(path), new), new)
-  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))
-           and not c.startswith(("model.kernels:", "model.remat:", "model.attention_impl:"))]
+  new, old = config.to_dict(), read_config_json(path)
+  changes = diff_configs(with_defaults(old, new), new)
+  fatal = [c for c in changes if c.startswith(("model.", "data.", "seed:"))]
   if fatal and has_checkpoints:
     raise UserError(f"{path}: this run directory was trained with different settings "
                     f"({'; '.join(fatal)}); use a new --workdir, or restore those values to resume")
-  old_impl = read_config_json(path).get("train", {}).get("rng_impl", "threefry")
+  if not has_checkpoints:
+    return changes
+  old_scan = bool(old["compute"].get("scan_layers", False))
+  if old_scan != bool(new["compute"].get("scan_layers", False)):
+    raise UserError(f"{path}: config.compute.scan_layers={not old_scan}, but this run's checkpoints hold "
+                    f"the {'scanned' if old_scan else 'unrolled'} layout; resume with "
+                    f"--config.compute.scan_layers={old_scan}, or convert the run first: python -m run.convert "
+                    f"--workdir {workdir} --out NEW --scan_layers={not old_scan}")
+  old_impl = old.get("train", {}).get("rng_impl", "threefry")
   new_impl = new.get("train", {}).get("rng_impl", "threefry")
-  if old_impl != new_impl and has_checkpoints:
+  if old_impl != new_impl:
     raise UserError(f"{path}: config.train.rng_impl={new_impl!r}, but this run's checkpoints hold a "
                     f"{old_impl!r} dropout key, and a key of one implementation cannot continue another's "
                     f"random stream; resume with --config.train.rng_impl={old_impl}, or use a new --workdir")
@@ -101,12 +117,15 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
-def with_model_defaults(old: dict, new: dict) -> dict:
-  """`old` (a config.json's dict) with every config.model key that `new` has and `old` lacks set to
-  TransformerConfig's default: what a run written before the key existed was trained with."""
-  defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
-  model = dict(old.get("model", {}))
-  for key in new.get("model", {}):
-    if key not in model and key in defaults:
-      model[key] = defaults[key]
-  return {**old, "model": model} if "model" in old else old
+def with_defaults(old: dict, new: dict) -> dict:
+  """`old` (a config.json's dict) with every config.model and config.compute key that `new` has and `old`
+  lacks set to TransformerConfig's (or Compute's) default: what a run written before the key existed was
+  trained with."""
+  for section, cls in (("model", TransformerConfig), ("compute", Compute)):
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    values = dict(old.get(section, {}))
+    for key in new.get(section, {}):
+      if key not in values and key in defaults:
+        values[key] = defaults[key]
+    old = {**old, section: values}
+  return old

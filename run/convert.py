@@ -1,8 +1,8 @@
-"""A run converted between the unrolled and the scanned layer layouts (model.scan_layers).
+"""A run converted between the unrolled and the scanned layer layouts (compute.scan_layers).
 
     python -m run.convert --workdir RUN --out NEW --scan_layers=False   # or True
 
-NEW is RUN with config.json's model.scan_layers set, and every checkpoint (parameters and optimizer
+NEW is RUN with config.json's compute.scan_layers set, and every checkpoint (parameters and optimizer
 state) and the average rewritten in that layout; its vocabulary, metrics and meta (step, RNG, data
 position) are copied, so training resumes in NEW where RUN stopped, with the same numbers up to float
 rounding. Decoding and export need no conversion: `run.load_run` unrolls a scanned run when it opens it.
@@ -10,18 +10,20 @@ rounding. Decoding and export need no conversion: `run.load_run` unrolls a scann
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import pathlib
 import shutil
 
 import jax
 import orbax.checkpoint as ocp
-from absl import logging   # Orbax logs through absl
+from absl import logging as absl_logging   # Orbax logs through absl
 
 from model import stack
 from run import checkpoint as ckpt
-from run.config import CONFIG_FILE, load_run_config, save_config
+from run.config import CONFIG_FILE, load_run_config, read_config_json, save_config
+from run.console import log_to_console
 
+log = logging.getLogger("run.convert")   # not __name__: that is "__main__" under python -m run.convert
 _NOT_COPIED = (ckpt.CHECKPOINTS, ckpt.AVERAGED, ckpt.UNREADABLE, "LOCK", CONFIG_FILE)
 
 
@@ -77,8 +79,8 @@ def convert_run(workdir, out, scan_layers: bool) -> list[str]:
     writer.wait_until_finished()
     writer.close()
     reader.close()
-  unlocked = json.loads((workdir / CONFIG_FILE).read_text())
-  unlocked.setdefault("model", {})["scan_layers"] = bool(scan_layers)
+  unlocked = read_config_json(workdir / CONFIG_FILE)   # in today's layout, also for an older run
+  unlocked["compute"] = {**unlocked["compute"], "scan_layers": bool(scan_layers)}
   save_config(type(config)(unlocked), out)
   return done
 
@@ -91,9 +93,11 @@ def main(argv=None) -> None:
   parser.add_argument("--scan_layers", required=True, choices=("True", "False"),
                       help="the layout of the new run: True scanned, False unrolled")
   args = parser.parse_args(argv)
-  logging.set_verbosity(logging.ERROR)   # not Orbax's notes on read-only directories
+  absl_logging.set_verbosity(absl_logging.ERROR)   # not Orbax's notes on read-only directories
+  log_to_console()
   done = convert_run(args.workdir, args.out, args.scan_layers == "True")
-  print(f"[convert] {args.workdir} -> {args.out} (scan_layers={args.scan_layers}): {', '.join(done) or 'no checkpoints'}")
+  log.info(f"[convert] {args.workdir} -> {args.out} (scan_layers={args.scan_layers}): "
+           f"{', '.join(done) or 'no checkpoints'}")
 
 
 if __name__ == "__main__":

@@ -20,3 +20,9 @@ jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 # Small programs (0.05-0.5 s to compile) are cached too: the tiny test models compile many of them. A hit is
 # the executable XLA made for the same program, devices and flags, so no test sees a different program.
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
+
+# What the commands show on the console (run/console.py), also where a test calls the library directly
+# and reads the console with capsys.
+from run.console import log_to_console  # noqa: E402
+
+log_to_console()

@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from benchmarks import accelerator, remat_scan
-from model import TransformerConfig
+from model import Compute, TransformerConfig
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "accelerators.md"
 
@@ -25,16 +25,16 @@ def test_docs_quote_the_results(pattern, render):
 
 def test_check_command_names_the_attention_and_sizes_models_for_a_cpu():
   impl = accelerator.attention_impl("cpu")
-  assert impl == ("xla (auto)" if getattr(TransformerConfig(), "attention_impl", "auto") == "auto" else impl)
+  assert impl == "xla (auto)"
   cfg = accelerator.model_config("big", "cpu", remat="full")
-  assert (cfg.d_model, cfg.dtype, cfg.remat) == (128, "bfloat16", "full")
+  assert (cfg.d_model, cfg.compute.dtype, cfg.compute.remat) == (128, "bfloat16", "full")
   assert accelerator.model_config("big", "gpu").d_model == 1024   # the paper's size elsewhere
 
 
 @pytest.mark.slow
 def test_largest_batch_search_stops_at_the_budget():
   cfg = TransformerConfig(vocab_size=100, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
-                          num_decoder_layers=1, max_len=64, kernels="reference")
+                          num_decoder_layers=1, max_len=64, compute=Compute(kernels="reference"))
   devices = jax.devices()[:1]
   small = accelerator.Step(cfg, rows=2, seq_len=16, devices=devices).memory()["footprint"]
   found = accelerator.largest_batch(cfg, 16, budget=small * 3, start_tokens=32, max_tokens=16 * 64,

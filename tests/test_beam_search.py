@@ -180,9 +180,10 @@ def test_beam_slot_caches_search_exactly_like_gathered_caches(beam_size):
   """A Transformer's beam search with the CPU kernels' beam-slot caches, whose keys and values stay in
   their slots (kernels/decode_cache.py), finds the same hypotheses as the search with the reference
   cache (model/cache.py), which gathers the whole cache by parent at every step."""
-  from model import Transformer, TransformerConfig, init_cache, reorder_cache
+  from model import Compute, Transformer, TransformerConfig, init_cache, reorder_cache
   reference = TransformerConfig(vocab_size=30, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=1,
-                                num_decoder_layers=2, dropout_rate=0.0, max_len=32, kernels="reference")
+                                num_decoder_layers=2, dropout_rate=0.0, max_len=32,
+                                compute=Compute(kernels="reference"))
   rng = np.random.default_rng(3)
   src = jnp.asarray(rng.integers(4, 30, (3, 6)), jnp.int32).at[1, 3:].set(0)
   params = Transformer(reference).init({"params": jax.random.key(0)}, src, src)["params"]
@@ -197,13 +198,13 @@ def test_beam_slot_caches_search_exactly_like_gathered_caches(beam_size):
                            method="prepare_decoding")
       step = lambda ids, cache: model.apply(variables, ids, cache, memory, src != 0, method="decode_step")
       cache = init_cache(cfg, src.shape[0], 12, beam_slots=beam_slots)
-      assert ("slot_history" in cache) == (cfg.kernels == "cpu" and beam_slots)
+      assert ("slot_history" in cache) == (cfg.compute.kernels == "cpu" and beam_slots)
       return beam_search(step, cache, batch_size=3, beam_size=beam_size, max_len=limits, eos_id=3,
                          bos_id=2, alpha=0.6, reorder=functools.partial(reorder_cache, cfg))
     return jax.device_get(jax.jit(run)(params, src))
 
   gathered_seqs, gathered_scores = search(reference, False)
-  slot_seqs, slot_scores = search(reference.replace(kernels="cpu"), True)
+  slot_seqs, slot_scores = search(reference.with_compute(kernels="cpu"), True)
   np.testing.assert_array_equal(slot_seqs, gathered_seqs)
   np.testing.assert_allclose(slot_scores, gathered_scores, atol=1e-4)
   assert len({tuple(q) for q in np.asarray(slot_seqs).reshape(-1, 12)}) > 3   # hypotheses do differ

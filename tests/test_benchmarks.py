@@ -331,12 +331,12 @@ def test_anatomy_output_ablation_takes_an_eighth_of_the_table_the_model_reads(mo
 
   from benchmarks.systems import ours_parts
   from kernels import cpu_decoding, output_layer
-  from model import TransformerConfig
+  from model import Compute, TransformerConfig
   from model.ops import decoding_for
   monkeypatch.setattr(output_layer, "logits", output_layer.logits)            # restored afterwards
   monkeypatch.setattr(output_layer, "panel_logits", output_layer.panel_logits)
   cfg = TransformerConfig(vocab_size=1000, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
-                          num_decoder_layers=1, kernels="cpu")
+                          num_decoder_layers=1, compute=Compute(kernels="cpu"))
   if cpu_decoding.find_compiler() is None:
     pytest.skip("no C++ compiler ($CXX, c++ or g++): decoding uses XLA ops, and there are no panels to cut")
   assert cpu_decoding.available()

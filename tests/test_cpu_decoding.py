@@ -43,21 +43,21 @@ def test_cpu_decoding_kernel_builds_here_and_is_what_float32_decoding_uses():
     pytest.skip("no C++ compiler here (c++, g++ or $CXX): decoding uses XLA ops")
   assert cpu_decoding.available()
   assert cpu_decoding.build().exists()
-  cfg = SMALL.replace(kernels="cpu")
+  cfg = SMALL.with_compute(kernels="cpu")
   for beam_slots in (False, True):
     assert decoding_for(cfg).cache(beam_slots).ffi
-    assert not decoding_for(cfg.replace(matmul_dtype="bfloat16")).cache(beam_slots).ffi
+    assert not decoding_for(cfg.with_compute(matmul_dtype="bfloat16")).cache(beam_slots).ffi
   cache = init_cache(cfg, 4, 10, beam_slots=True)
   assert cache["layers"][0]["k"].shape == (4, 4, 8, 10) and cache["layers"][0]["v"].shape == (4, 4, 10, 8)
   plain = init_cache(cfg, 4, 10, beam_slots=False)       # keys positions-last for the kernel here too
   assert plain["layers"][0]["k"].shape == (4, 4, 8, 10) and plain["layers"][0]["v"].shape == (4, 4, 10, 8)
   # Beam search picks its candidates with the C++ kernel whatever the dtype (the logits are float32).
   assert decoding_for(cfg).beam_extensions is cpu_decoding.beam_extensions
-  assert decoding_for(cfg.replace(matmul_dtype="bfloat16")).beam_extensions is cpu_decoding.beam_extensions
-  assert decoding_for(cfg.replace(kernels="reference")).beam_extensions is None
+  assert decoding_for(cfg.with_compute(matmul_dtype="bfloat16")).beam_extensions is cpu_decoding.beam_extensions
+  assert decoding_for(cfg.with_compute(kernels="reference")).beam_extensions is None
   # The output layer's product too, in float32; mixed precision keeps XLA's dot on the rounded table.
   assert decoding_for(cfg).decoding_weights is output_layer.decoding_panels
-  assert decoding_for(cfg.replace(matmul_dtype="bfloat16")).decoding_weights.func is output_layer.decoding_kernel
+  assert decoding_for(cfg.with_compute(matmul_dtype="bfloat16")).decoding_weights.func is output_layer.decoding_kernel
 
 
 def test_output_layer_panels_hold_the_table_by_columns_with_zeros_past_the_vocabulary():
@@ -138,14 +138,14 @@ def test_float32_decoding_runs_every_kernel_of_a_step_on_panels(changes, per_lay
   """On the C++ path a step multiplies by every decoder kernel laid out once per set of parameters (and the output
   layer); cross-attention's keys and values stay out (computed once); mixed precision keeps XLA's dots."""
   src = random_ids(np.random.default_rng(0), (2, 5))
-  cfg = SMALL.replace(kernels="cpu", **changes)
+  cfg = SMALL.replace(**changes).with_compute(kernels="cpu")
   count, memory = _panel_products(cfg, src)
   assert count == per_layer * cfg.num_decoder_layers + 1
   assert len(memory["panels"]) == cfg.num_decoder_layers
   assert set(memory["panels"][0].get("cross_attention", {})) <= {"query", "out"}
-  count, memory = _panel_products(cfg.replace(matmul_dtype="bfloat16"), src)
+  count, memory = _panel_products(cfg.with_compute(matmul_dtype="bfloat16"), src)
   assert count == 0 and "panels" not in memory
-  assert _panel_products(cfg.replace(kernels="reference"), src)[0] == 0
+  assert _panel_products(cfg.with_compute(kernels="reference"), src)[0] == 0
 
 
 @needs_compiler
@@ -225,9 +225,9 @@ def test_cpu_decoding_build_failure_is_reported_and_decoding_falls_back(monkeypa
   try:
     with pytest.warns(UserWarning, match="uses XLA ops .no compiler"):
       assert not cpu_decoding.available()
-    assert not decoding_for(SMALL.replace(kernels="cpu")).cache(True).ffi
-    assert decoding_for(SMALL.replace(kernels="cpu")).beam_extensions is None
-    assert decoding_for(SMALL.replace(kernels="cpu")).decoding_weights.func is output_layer.decoding_kernel
+    assert not decoding_for(SMALL.with_compute(kernels="cpu")).cache(True).ffi
+    assert decoding_for(SMALL.with_compute(kernels="cpu")).beam_extensions is None
+    assert decoding_for(SMALL.with_compute(kernels="cpu")).decoding_weights.func is output_layer.decoding_kernel
   finally:
     cpu_decoding.available.cache_clear()
 
@@ -363,7 +363,7 @@ def test_model_init_and_training_never_build_the_cpu_decoding_kernels(monkeypatc
   def refuse():
     raise AssertionError("the C++ decoding kernels were asked for outside decoding")
   monkeypatch.setattr(cpu_decoding, "available", refuse)
-  cfg = SMALL.replace(kernels="cpu")
+  cfg = SMALL.with_compute(kernels="cpu")
   ids = random_ids(np.random.default_rng(0), (2, 6))
   model = Transformer(cfg)
   params = model.init({"params": jax.random.key(0)}, ids, ids)["params"]

@@ -11,7 +11,8 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from model.config import TransformerConfig, num_params
+from model import TransformerConfig, num_params
+import run
 import experiments
 from run import metrics as metrics_io
 from train.train import train_and_evaluate
@@ -67,9 +68,9 @@ def test_every_arg_loads_locked_and_unknown_args_fail(path):
   for arg in args:
     spec = f"{path}:{arg}" if arg else str(path)
     config = experiments.load_experiment(spec)
-    for section in ("model", "data", "train", "decode"):
+    for section in ("model", "compute", "data", "train", "decode"):
       assert section in config, (spec, section)
-    TransformerConfig(vocab_size=100, **config.model.to_dict())   # the model section is valid
+    run.model_config(config, 100)   # the model and compute sections are valid
     with pytest.raises((AttributeError, KeyError)):
       config.train.num_stepz = 1                                   # locked: no new keys
   with pytest.raises(ValueError, match="unknown arg"):
@@ -84,7 +85,7 @@ def test_every_key_overrides_from_the_command_line(name):
   for key, value in _leaves(base):
     new = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.5,
            str: lambda v: v + "x", type(None): lambda v: 16}[type(value)](value)
-    if key == "model.matmul_dtype":   # the one str-typed None (the others, d_k and d_v, are ints)
+    if key == "compute.matmul_dtype":   # the one str-typed None (the others, d_k and d_v, are ints)
       new = "bfloat16"
     overrides.append(f"--config.{key}={new}")
     expected[key] = new
@@ -201,8 +202,8 @@ def test_smoke_variant_trains_two_steps(path, tmp_path):
 def test_small_corpus_dtype_is_its_argument_and_keeps_the_budget():
   module = _module(ROOT / "experiments" / "small_corpus.py")
   bf16, plain = module.get_config("bf16"), module.get_config()
-  assert bf16.model.matmul_dtype == "bfloat16" and plain.model.matmul_dtype is None
-  assert module.get_config("smoke").model.matmul_dtype is None
+  assert bf16.compute.matmul_dtype == "bfloat16" and plain.compute.matmul_dtype is None
+  assert module.get_config("smoke").compute.matmul_dtype is None
   # The same wall-clock: float32 steps run 1/BF16_SPEEDUP as fast, so there are that many fewer.
   assert bf16.train.num_steps == module.STEPS_BF16
   assert abs(plain.train.num_steps * module.BF16_SPEEDUP - module.STEPS_BF16) < 10

@@ -8,14 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Transformer, TransformerConfig, init_cache, num_params
+from model import Compute, Transformer, TransformerConfig, init_cache, num_params
 from model.cache import KVCache
 from model.ops import decoding_for
 from model.positions import alibi_slopes, relative_bucket, rope
 from run import config as run_config
 
 SMALL = dict(vocab_size=31, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=2,
-             num_decoder_layers=2, dropout_rate=0.0, max_len=64, kernels="reference")
+             num_decoder_layers=2, dropout_rate=0.0, max_len=64,
+             compute=Compute(kernels="reference"))
 VARIANTS = {
     "paper": {},
     "learned": dict(positions="learned"),
@@ -108,7 +109,7 @@ def test_gqa_with_as_many_kv_heads_as_heads_is_mha_exactly():
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_the_cache_stores_num_kv_heads_heads(kv_heads):
   for kernels in ("reference", "cpu"):
-    cfg = _cfg(num_kv_heads=kv_heads, kernels=kernels)
+    cfg = _cfg(num_kv_heads=kv_heads, compute=Compute(kernels=kernels))
     cache = init_cache(cfg, batch_size=3, max_len=10)
     if kernels == "reference" or kv_heads < 4:
       assert cache["layers"][0]["k"].shape == (3, 10, kv_heads, 4)
@@ -122,7 +123,7 @@ def test_bad_switches_are_named():
   with pytest.raises(ValueError, match="positions='rotary'"):
     _cfg(positions="rotary")
   with pytest.raises(ValueError, match="attention_impl='flash' is not one of"):
-    _cfg(attention_impl="flash")
+    Compute(attention_impl="flash")
   with pytest.raises(ValueError, match="activation"):
     _cfg(activation="tanh")
 
@@ -239,7 +240,7 @@ def test_a_future_token_cannot_change_an_earlier_logit(name):
 def test_the_cpu_kernels_fall_back_to_the_plain_cache_for_the_family():
   for switch in (dict(num_kv_heads=2), dict(positions="rope"), dict(arch="decoder_only")):
     ref = _cfg(**switch)
-    fast = _cfg(**switch, kernels="cpu")
+    fast = _cfg(**switch, compute=Compute(kernels="cpu"))
     model, params = _init(ref)
     src, tgt = _tokens(12, (2, 7)), _tokens(13, (2, 6))
     np.testing.assert_allclose(Transformer(fast).apply({"params": params}, src, tgt),

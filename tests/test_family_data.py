@@ -12,7 +12,7 @@ from data.lm import MASK, SEP, decoder_only_pair, lm_text, mlm_mask, pad_rows
 from data.vocab import BOS, EOS
 from decode.beam_search import length_penalty
 from decode.prompt import left_pad, prompt_sample, prompt_search
-from model import Transformer, TransformerConfig
+from model import Compute, Transformer, TransformerConfig
 
 
 def test_decoder_only_translation_scores_the_target_only():
@@ -47,7 +47,7 @@ def test_mlm_rates_hold_and_padding_is_never_masked_or_scored():
 def _tiny():
   cfg = TransformerConfig(vocab_size=5, d_model=8, d_ff=16, num_heads=2, num_decoder_layers=1,
                           arch="decoder_only", positions="rope", num_kv_heads=1, dropout_rate=0.0,
-                          max_len=32, kernels="reference")
+                          max_len=32, compute=Compute(kernels="reference"))
   model = Transformer(cfg)
   params = model.init(jax.random.key(3), None, jnp.ones((1, 4), jnp.int32))["params"]
   # Sharpen the logits so that hypotheses differ clearly.
@@ -121,7 +121,7 @@ def test_repetition_penalty_in_beam_search_makes_a_beam_of_one_the_penalised_gre
 def test_attention_maps_are_captured_only_when_asked_and_are_distributions(tmp_path):
   from decode.attention_maps import attention_maps, plot
   cfg = TransformerConfig(vocab_size=20, d_model=8, d_ff=16, num_heads=2, num_encoder_layers=2,
-                          num_decoder_layers=1, num_kv_heads=1, positions="alibi", kernels="reference")
+                          num_decoder_layers=1, num_kv_heads=1, positions="alibi", compute=Compute(kernels="reference"))
   model = Transformer(cfg)
   src, tgt = [5, 6, 7, 8], [BOS, 9, 10]
   params = model.init(jax.random.key(0), jnp.asarray([src]), jnp.asarray([tgt]))["params"]

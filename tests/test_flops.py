@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from model import Transformer, TransformerConfig
+from model import Compute, Transformer, TransformerConfig
 from train import flops
 from train import step as step_lib
 
@@ -25,7 +25,7 @@ def _batch(rows, src_len, tgt_len):
 @pytest.mark.parametrize("family", [{}, dict(arch="decoder_only", activation="swiglu", num_kv_heads=2)])
 def test_formula_matches_the_compiled_train_steps_cost_analysis(family):
   cfg = TransformerConfig(vocab_size=512, d_model=64, d_ff=256, num_heads=4, num_encoder_layers=1,
-                          num_decoder_layers=1, max_len=64, kernels="reference", **family)
+                          num_decoder_layers=1, max_len=64, compute=Compute(kernels="reference"), **family)
   model, tx = Transformer(cfg), optax.adam(1e-3)
   batch = _batch(8, 40, 48)
   state = jax.eval_shape(lambda key: step_lib.init_state(key, model, tx), jax.random.key(0))
@@ -57,9 +57,9 @@ def test_peak_table_and_override():
   assert flops.table_peak("TPU v5", "bfloat16") == 459e12
   assert flops.table_peak("TPU v6 lite", "bfloat16") == 918e12
   assert flops.table_peak("Some Future Chip", "bfloat16") is None
-  cfg = TransformerConfig(dtype="bfloat16")
+  cfg = TransformerConfig(compute=Compute(dtype="bfloat16"))
   assert flops.compute_dtype(cfg) == "bfloat16"
-  assert flops.compute_dtype(TransformerConfig(matmul_dtype="bfloat16")) == "bfloat16"
+  assert flops.compute_dtype(TransformerConfig(compute=Compute(matmul_dtype="bfloat16"))) == "bfloat16"
   assert flops.peak_flops(jax.devices()[:4], cfg, override=2e12) == (8e12, "config.train.peak_flops")
 
 

@@ -1,4 +1,4 @@
-"""model.attention_impl: the fused kernels compute the plain attention's numbers (splash in Pallas
+"""compute.attention_impl: the fused kernels compute the plain attention's numbers (splash in Pallas
 interpret mode, which runs on this CPU), the model reads the same with any of them, and a setting a
 kernel cannot take falls back to the plain attention, saying why once."""
 import logging
@@ -62,7 +62,7 @@ def _logits(cfg, seed=0, length=128, packed=True, grads=False):
   src = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
   tgt = jnp.asarray(rng.integers(3, 40, size=(2, length)), jnp.int32)
   src, tgt = src.at[1, 100:].set(0), tgt.at[1, 90:].set(0)      # padding
-  params = Transformer(cfg.replace(attention_impl="xla")).init({"params": jax.random.key(0)}, src, tgt)
+  params = Transformer(cfg.with_compute(attention_impl="xla")).init({"params": jax.random.key(0)}, src, tgt)
   model, real = Transformer(cfg, packed=packed), np.asarray(tgt != 0)
   logits = np.asarray(model.apply(params, src, tgt))
   if not grads:
@@ -76,15 +76,15 @@ def test_the_model_reads_the_same_with_splash(positions, length):
   """Self-, causal and cross-attention through splash (interpret mode); RoPE rotates q and k before; a
   bucket of 112 positions is padded to 128 inside splash."""
   cfg = TINY.replace(positions=positions)
-  want, real = _logits(cfg.replace(attention_impl="xla"), length=length)
-  got, _ = _logits(cfg.replace(attention_impl="splash"), length=length)
+  want, real = _logits(cfg.with_compute(attention_impl="xla"), length=length)
+  got, _ = _logits(cfg.with_compute(attention_impl="splash"), length=length)
   np.testing.assert_allclose(got[real], want[real], atol=1e-4)
 
 
 def test_auto_on_this_cpu_is_the_plain_attention_bit_for_bit():
   """auto traces splash for a TPU (lengths 128), but a program lowered for the CPU keeps XLA's."""
-  want, _ = _logits(TINY.replace(attention_impl="xla"))
-  got, _ = _logits(TINY.replace(attention_impl="auto"))
+  want, _ = _logits(TINY.with_compute(attention_impl="xla"))
+  got, _ = _logits(TINY.with_compute(attention_impl="auto"))
   np.testing.assert_array_equal(got, want)
 
 
@@ -99,11 +99,11 @@ def test_a_setting_a_kernel_cannot_take_falls_back_visibly_once(impl, changes, w
   length = 40 if why.startswith("is not") else 128    # 40 -> 128 would be 3.2x: falls back
   fused_attention._SAID.clear()
   with caplog.at_level(logging.INFO, logger=fused_attention.__name__):
-    got, _ = _logits(cfg.replace(attention_impl=impl), length=length)
-    _logits(cfg.replace(attention_impl=impl), seed=1, length=length)        # traced again: no new line
+    got, _ = _logits(cfg.with_compute(attention_impl=impl), length=length)
+    _logits(cfg.with_compute(attention_impl=impl), seed=1, length=length)        # traced again: no new line
   said = [r for r in caplog.records if why in r.getMessage()]
   assert len(said) == 1 and said[0].levelno == logging.WARNING
-  want, real = _logits(cfg.replace(attention_impl="xla"), length=length)
+  want, real = _logits(cfg.with_compute(attention_impl="xla"), length=length)
   # (alibi and relative: the cross-attention, which has no bias, still takes splash)
   np.testing.assert_allclose(got[real], want[real], atol=1e-4)
 
@@ -111,9 +111,9 @@ def test_a_setting_a_kernel_cannot_take_falls_back_visibly_once(impl, changes, w
 def test_cudnn_equals_the_plain_attention_on_a_gpu():
   if jax.default_backend() != "gpu":
     pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
-  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
+  cfg = TINY.with_compute(dtype="bfloat16", attention_impl="cudnn")
   got, real = _logits(cfg)
-  want, _ = _logits(cfg.replace(attention_impl="xla"))
+  want, _ = _logits(cfg.with_compute(attention_impl="xla"))
   np.testing.assert_allclose(got[real], want[real], atol=5e-2)
 
 
@@ -134,7 +134,7 @@ def test_unpacked_rows_reach_cudnn_as_lengths_and_a_causal_flag_not_a_dense_mask
                           key_value_seq_lengths=key_value_seq_lengths, implementation="xla")
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
-  cfg = TINY.replace(dtype="bfloat16", attention_impl="cudnn")
+  cfg = TINY.with_compute(dtype="bfloat16", attention_impl="cudnn")
   got, real = _logits(cfg, packed=False)
   assert [c["causal"] for c in calls] == [False, True, False]   # encoder, decoder self, cross
   for call in calls:
@@ -142,7 +142,7 @@ def test_unpacked_rows_reach_cudnn_as_lengths_and_a_causal_flag_not_a_dense_mask
     assert call["q_lengths"].shape == (2,) and call["kv_lengths"].shape == (2,)
   np.testing.assert_array_equal(calls[1]["q_lengths"], [128, 90])    # the target rows' lengths
   np.testing.assert_array_equal(calls[2]["kv_lengths"], [128, 100])  # cross-attention reads the source's
-  want, _ = _logits(cfg.replace(attention_impl="xla"))
+  want, _ = _logits(cfg.with_compute(attention_impl="xla"))
   np.testing.assert_allclose(got[real].astype(np.float32), want[real].astype(np.float32), atol=5e-2)
   calls.clear()
   _logits(cfg, packed=True)
@@ -155,8 +155,8 @@ def test_cudnn_with_lengths_is_as_close_to_float32_as_xla_in_bfloat16_on_a_gpu()
   gradient by more than a fixed tolerance of its largest value), and equal to the dense-mask cuDNN."""
   if jax.default_backend() != "gpu":
     pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
-  cfg = TINY.replace(dtype="bfloat16")
-  want, real, want_grads = _logits(TINY.replace(attention_impl="xla"), grads=True)   # float32
+  cfg = TINY.with_compute(dtype="bfloat16")
+  want, real, want_grads = _logits(TINY.with_compute(attention_impl="xla"), grads=True)   # float32
 
   def errors(cfg, packed):
     got, _, grads = _logits(cfg, packed=packed, grads=True)
@@ -164,9 +164,9 @@ def test_cudnn_with_lengths_is_as_close_to_float32_as_xla_in_bfloat16_on_a_gpu()
     grad = np.median([np.abs(np.asarray(a, np.float32) - b).max() / max(np.abs(b).max(), 1e-6) for a, b in leaves])
     return np.abs(got[real].astype(np.float32) - want[real]).max(), grad, grads
 
-  xla_fwd, xla_grad, _ = errors(cfg.replace(attention_impl="xla"), packed=True)
-  fwd, grad, grads = errors(cfg.replace(attention_impl="cudnn"), packed=False)
-  _, _, dense_grads = errors(cfg.replace(attention_impl="cudnn"), packed=True)
+  xla_fwd, xla_grad, _ = errors(cfg.with_compute(attention_impl="xla"), packed=True)
+  fwd, grad, grads = errors(cfg.with_compute(attention_impl="cudnn"), packed=False)
+  _, _, dense_grads = errors(cfg.with_compute(attention_impl="cudnn"), packed=True)
   assert fwd <= 1.5 * xla_fwd + 1e-3 and grad <= 1.5 * xla_grad + 1e-3, (fwd, xla_fwd, grad, xla_grad)
   for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(dense_grads)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-2)

@@ -77,7 +77,7 @@ def test_flat_matmul_runs_attention_projections_and_their_gradients_as_2d_matmul
   batched = (((3,), (3,)), ((0, 2), (0, 2)))
   np.testing.assert_array_equal(flat_matmul.dot_general(q, q, batched), jax.lax.dot_general(q, q, batched))
   assert _dot_ranks(lambda a: flat_matmul.dot_general(a, a, batched), q) == [(4, 4)]
-  assert ops_for(SMALL.replace(kernels="cpu")).dot_general is flat_matmul.dot_general
+  assert ops_for(SMALL.with_compute(kernels="cpu")).dot_general is flat_matmul.dot_general
 
 
 def _loss_and_grads(cfg, params, src, tgt, dropout_key=None):
@@ -95,10 +95,10 @@ def test_cpu_model_equals_reference_in_float32(changes):
   """Same logits and gradients (float32 rounding apart): the fast paths change layout, not arithmetic."""
   rng = np.random.default_rng(0)
   src, tgt = random_ids(rng, (3, 7)), random_ids(rng, (3, 6))
-  reference = SMALL.replace(kernels="reference", **changes)
+  reference = SMALL.replace(**changes).with_compute(kernels="reference")
   params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
   (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
-  (_, got), got_grads = _loss_and_grads(reference.replace(kernels="cpu"), params, src, tgt)
+  (_, got), got_grads = _loss_and_grads(reference.with_compute(kernels="cpu"), params, src, tgt)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   for g, w in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
@@ -110,12 +110,12 @@ def test_cpu_mixed_precision_equals_rounded_reference():
   cotangent to bfloat16 (the reference's autodiff keeps it float32), i.e. at bfloat16 precision."""
   rng = np.random.default_rng(1)
   src, tgt = random_ids(rng, (3, 7)), random_ids(rng, (3, 6))
-  reference = SMALL.replace(kernels="reference", matmul_dtype="bfloat16")
+  reference = SMALL.with_compute(kernels="reference", matmul_dtype="bfloat16")
   params = Transformer(reference).init(jax.random.key(0), src, tgt)["params"]
   (_, want), want_grads = _loss_and_grads(reference, params, src, tgt)
-  (_, got), got_grads = _loss_and_grads(reference.replace(kernels="cpu"), params, src, tgt)
+  (_, got), got_grads = _loss_and_grads(reference.with_compute(kernels="cpu"), params, src, tgt)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  (_, exact), _ = _loss_and_grads(SMALL.replace(kernels="reference"), params, src, tgt)
+  (_, exact), _ = _loss_and_grads(SMALL.with_compute(kernels="reference"), params, src, tgt)
   assert float(jnp.max(jnp.abs(want - exact))) > 1e-3        # the reference really rounds
   flat = lambda gs: jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(gs)])
   g, w = flat(got_grads), flat(want_grads)
@@ -165,27 +165,27 @@ def test_cpu_decoding_caches_and_output_layer_equal_reference(matmul_dtype, beam
     monkeypatch.setattr(cpu_decoding, "available", lambda: False)
   rng = np.random.default_rng(2)
   src = random_ids(rng, (2, 6)).at[0, 4:].set(0)
-  reference = SMALL.replace(kernels="reference", matmul_dtype=matmul_dtype)
+  reference = SMALL.with_compute(kernels="reference", matmul_dtype=matmul_dtype)
   params = Transformer(reference).init(jax.random.key(0), src, src)["params"]
   params = jax.tree.map(lambda p: p + 0.05, params)                  # biases that are not zero
   want = _greedy_logits(reference, params, src, 5, beam_slots, hyps=3)
-  got = _greedy_logits(reference.replace(kernels="cpu"), params, src, 5, beam_slots, hyps=3)
+  got = _greedy_logits(reference.with_compute(kernels="cpu"), params, src, 5, beam_slots, hyps=3)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_reference_cache_is_position_major_and_cpu_cache_head_major_and_rounded():
-  cfg = SMALL.replace(kernels="reference", matmul_dtype="bfloat16")
+  cfg = SMALL.with_compute(kernels="reference", matmul_dtype="bfloat16")
   ref = init_cache(cfg, 4, 10, beam_slots=True)
   assert ref["layers"][0]["k"].shape == (4, 10, 4, 8) and ref["layers"][0]["k"].dtype == jnp.float32
   assert "slot_history" not in ref
-  head_major = init_cache(cfg.replace(kernels="cpu"), 4, 10, beam_slots=False)
+  head_major = init_cache(cfg.with_compute(kernels="cpu"), 4, 10, beam_slots=False)
   assert head_major["layers"][0]["k"].shape == head_major["layers"][0]["v"].shape == (4, 4, 10, 8)
-  cpu = init_cache(cfg.replace(kernels="cpu"), 4, 10, beam_slots=True)
+  cpu = init_cache(cfg.with_compute(kernels="cpu"), 4, 10, beam_slots=True)
   # Beam slots keep keys with positions last, [n, h, d_k, L]; values head-major [n, h, L, d_v].
   assert cpu["layers"][0]["k"].shape == (4, 4, 8, 10) and cpu["layers"][0]["k"].dtype == jnp.bfloat16
   assert cpu["layers"][0]["v"].shape == (4, 4, 10, 8)
   assert cpu["slot_history"].shape == (4, 10)
-  reorder = functools.partial(reorder_cache, cfg.replace(kernels="cpu"))
+  reorder = functools.partial(reorder_cache, cfg.with_compute(kernels="cpu"))
   moved = reorder(dict(cpu, index=jnp.arange(4)), jnp.array([1, 1, 0, 3]))
   assert moved["layers"][0]["k"] is cpu["layers"][0]["k"]      # keys and values stay put
   np.testing.assert_array_equal(moved["index"], [1, 1, 0, 3])

@@ -28,9 +28,8 @@ from train import step as step_lib
 
 PLATFORMS = ("cuda", "tpu")
 OURS = tuple(cpu_decoding.TARGETS)   # aiayn_slot_attention, aiayn_panel_matmul, ...
-HAS = {f.name for f in dataclasses.fields(TransformerConfig)}
-REMAT = ("none", "minimal", "full") if "remat" in HAS else ("none",)
-SCAN = (False, True) if "scan_layers" in HAS else (False,)
+REMAT = ("none", "minimal", "full")
+SCAN = (False, True)
 
 
 def _custom_calls(module_text: str) -> set:
@@ -48,9 +47,9 @@ def _assert_none_of_ours(text: str):
   assert not ours, f"the CPU decoding backend's custom calls reached a GPU/TPU program: {ours}"
 
 
-def _model(preset: str, **changes) -> Transformer:
-  cfg = config_lib.PRESETS[preset](**changes)
-  assert cfg.kernels == "auto" and cfg.attention_impl == "auto"   # the defaults, as a user has them
+def _model(preset: str, compute=config_lib.Compute(), **changes) -> Transformer:
+  cfg = config_lib.PRESETS[preset](compute=compute, **changes)
+  assert cfg.compute.kernels == "auto" and cfg.compute.attention_impl == "auto"   # the defaults, as a user has them
   return Transformer(cfg)
 
 
@@ -123,10 +122,7 @@ _CASES = [pytest.param(preset, remat, scan, marks=() if (preset, remat, scan) in
 
 @pytest.mark.parametrize("preset, remat, scan", _CASES)
 def test_train_step_lowers_for_gpu_and_tpu_without_cpu_kernels(preset, remat, scan):
-  changes = dict(dtype="bfloat16")
-  if "remat" in HAS:
-    changes.update(remat=remat, scan_layers=scan)
-  model = _model(preset, **changes)
+  model = _model(preset, config_lib.Compute(dtype="bfloat16", remat=remat, scan_layers=scan))
   texts = _train_step_texts(model)
   for platform, text in texts.items():
     _assert_none_of_ours(text)
@@ -143,7 +139,7 @@ def test_train_step_lowers_for_gpu_and_tpu_without_cpu_kernels(preset, remat, sc
 
 
 def test_eval_step_lowers_for_gpu_and_tpu_without_cpu_kernels():
-  model = _model("base", dtype="bfloat16")
+  model = _model("base", config_lib.Compute(dtype="bfloat16"))
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
   params = _abstract_params(model)
   shardings = jax.tree_util.tree_map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
@@ -184,13 +180,13 @@ def test_auto_lowered_for_a_gpu_or_tpu_is_the_step_a_gpu_or_tpu_host_traces():
   """kernels="auto" is resolved where the program is lowered (jax.lax.platform_dependent), not by this
   CPU host: exported for cuda (or tpu), the auto step carries exactly the operations of the step traced
   with kernels="reference", and none of the CPU path's; exported for the CPU, it carries the CPU path's."""
-  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
-               dtype="bfloat16")
-  auto = _train_step_texts(_model("base", **small), rows=4, length=128, platforms=("cuda", "tpu", "cpu"))
-  reference = _train_step_texts(Transformer(config_lib.base(kernels="reference", **small)), rows=4, length=128,
-                                platforms=("cuda", "tpu"))
-  cpu = _train_step_texts(Transformer(config_lib.base(kernels="cpu", **small)), rows=4, length=128,
-                          platforms=("cpu",))
+  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1)
+  bf16 = config_lib.Compute(dtype="bfloat16")
+  auto = _train_step_texts(_model("base", bf16, **small), rows=4, length=128, platforms=("cuda", "tpu", "cpu"))
+  reference = _train_step_texts(Transformer(config_lib.base(compute=bf16.replace(kernels="reference"), **small)),
+                                rows=4, length=128, platforms=("cuda", "tpu"))
+  cpu = _train_step_texts(Transformer(config_lib.base(compute=bf16.replace(kernels="cpu"), **small)), rows=4,
+                          length=128, platforms=("cpu",))
   for platform in ("cuda", "tpu"):
     assert _ops(auto[platform]) == _ops(reference[platform]), platform
   assert _ops(auto["cpu"]) == _ops(cpu["cpu"])
@@ -198,9 +194,9 @@ def test_auto_lowered_for_a_gpu_or_tpu_is_the_step_a_gpu_or_tpu_host_traces():
 
 
 def test_dropout_draws_from_the_configured_prng():
-  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1,
-               dtype="bfloat16")
-  texts = _train_step_texts(_model("base", **small), rows=4, length=128, rng_impl="rbg")
+  small = dict(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1, num_decoder_layers=1)
+  texts = _train_step_texts(_model("base", config_lib.Compute(dtype="bfloat16"), **small), rows=4, length=128,
+                            rng_impl="rbg")
   for text in texts.values():   # the bits from rng_bit_generator; threefry only on the key's few words
     assert "rng_bit_generator" in text and _largest_threefry(text) <= 4
 
@@ -211,7 +207,7 @@ def test_an_imported_marian_models_switches_lower_for_gpu_and_tpu():
   cfg = config_lib.TransformerConfig(vocab_size=512, d_model=64, d_ff=128, num_heads=4, num_encoder_layers=1,
                                      num_decoder_layers=1, activation="swish", logits_bias=True,
                                      share_embeddings=False, layer_norm_epsilon=1e-5)
-  for text in _train_step_texts(Transformer(cfg.replace(dtype="bfloat16")), rows=4, length=128).values():
+  for text in _train_step_texts(Transformer(cfg.with_compute(dtype="bfloat16")), rows=4, length=128).values():
     _assert_none_of_ours(text)
   text = _search_text(cfg, 4, ())
   _assert_none_of_ours(text)

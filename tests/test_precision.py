@@ -96,9 +96,9 @@ def test_mixed_model_tracks_the_float32_model():
   rng = np.random.default_rng(0)
   src = jnp.asarray(rng.integers(3, 50, (3, 9)), jnp.int32)
   tgt = jnp.asarray(rng.integers(3, 50, (3, 8)), jnp.int32)
-  f32, mixed = Transformer(SMALL), Transformer(SMALL.replace(matmul_dtype="bfloat16"))
+  f32, mixed = Transformer(SMALL), Transformer(SMALL.with_compute(matmul_dtype="bfloat16"))
   assert ops_for(SMALL).matmul_dtype is None and ops_for(mixed.cfg).matmul_dtype == jnp.bfloat16
-  assert ops_for(SMALL.replace(matmul_dtype="float32")).matmul_dtype is None
+  assert ops_for(SMALL.with_compute(matmul_dtype="float32")).matmul_dtype is None
   params = f32.init(jax.random.key(0), src, tgt)["params"]
 
   def loss_and_grads(model):
@@ -122,10 +122,10 @@ def test_mixed_model_tracks_the_float32_model():
 
 def test_config_rejects_an_unknown_or_pointless_matmul_dtype():
   with pytest.raises(ValueError, match="float8"):
-    SMALL.replace(matmul_dtype="float8")
+    SMALL.with_compute(matmul_dtype="float8")
   with pytest.raises(ValueError, match="matmul_dtype='float32' with dtype='bfloat16'"):
-    SMALL.replace(dtype="bfloat16", matmul_dtype="float32")
-  assert ops_for(SMALL.replace(dtype="bfloat16", matmul_dtype="bfloat16")).matmul_dtype is None
+    SMALL.with_compute(dtype="bfloat16", matmul_dtype="float32")
+  assert ops_for(SMALL.with_compute(dtype="bfloat16", matmul_dtype="bfloat16")).matmul_dtype is None
 
 
 def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
@@ -172,7 +172,7 @@ def test_bfloat16_and_float32_smoke_training_curves_agree(tmp_path):
   from train.train import train_and_evaluate
   curves = {}
   for dtype in ("float32", "bfloat16"):
-    config = smoke_config(**{"train.num_steps": 30, "train.log_every": 5, "model.dtype": dtype,
+    config = smoke_config(**{"train.num_steps": 30, "train.log_every": 5, "compute.dtype": dtype,
                              "train.learning_rate": 5e-3})
     train_and_evaluate(config, tmp_path / dtype)
     curves[dtype] = np.array([l["train/loss"] for l in metrics_io.read_metrics(tmp_path / dtype)

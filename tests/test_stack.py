@@ -1,4 +1,4 @@
-"""model.remat and model.scan_layers (model/stack.py): the same model, computed another way.
+"""compute.remat and compute.scan_layers (model/stack.py): the same model, computed another way.
 
 Rematerialization must give the gradients of remat='none'; the scanned layout must give the outputs and
 gradients of the unrolled one once its parameters are converted, and the conversion must round-trip.
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Transformer, TransformerConfig, init_cache
+from model import Compute, Transformer, TransformerConfig, init_cache
 from model import stack
 
 CFG = TransformerConfig(vocab_size=61, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
-                        num_decoder_layers=3, max_len=32, dropout_rate=0.1, kernels="reference")
+                        num_decoder_layers=3, max_len=32, dropout_rate=0.1, compute=Compute(kernels="reference"))
 SRC = jax.random.randint(jax.random.key(1), (2, 9), 1, 61)
 TGT = jax.random.randint(jax.random.key(2), (2, 7), 1, 61)
 
@@ -42,7 +42,7 @@ def test_remat_gives_the_gradients_of_none_with_dropout():
   expected = _grads(CFG, params, False)
   dots = {}
   for remat in ("none", "minimal", "full"):
-    cfg = CFG.replace(remat=remat)
+    cfg = CFG.with_compute(remat=remat)
     jaxpr = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(Transformer(cfg).apply({"params": p}, SRC, TGT))))(params))
     assert jaxpr.count("remat") >= (0 if remat == "none" else 5), remat   # one per layer
     dots[remat] = jaxpr.count("dot_general[")
@@ -54,7 +54,7 @@ def test_remat_gives_the_gradients_of_none_with_dropout():
 
 def test_scanned_layers_equal_unrolled():
   unrolled = _init(CFG)
-  cfg = CFG.replace(scan_layers=True, remat="full")
+  cfg = CFG.with_compute(scan_layers=True, remat="full")
   scanned = stack.scan_params(unrolled)
   assert set(scanned["encoder"]) == {"embed", "layers"} - ({"embed"} - set(unrolled["encoder"]))
   assert jax.tree_util.tree_structure(scanned) == jax.tree_util.tree_structure(_init(cfg))
@@ -71,19 +71,19 @@ def test_scanned_layers_equal_unrolled():
 def test_scanned_family_equals_unrolled():
   base = CFG.replace(arch="decoder_only", positions="relative", pre_norm=True, num_kv_heads=2)
   unrolled = Transformer(base).init(jax.random.key(0), SRC, TGT)["params"]
-  cfg = base.replace(scan_layers=True)
+  cfg = base.with_compute(scan_layers=True)
   scanned = stack.scan_params(unrolled)
   np.testing.assert_allclose(Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              Transformer(base).apply({"params": unrolled}, SRC, TGT), atol=1e-5)
 
 
 def test_scanned_model_decodes_after_unrolling():
-  cfg = CFG.replace(scan_layers=True)
+  cfg = CFG.with_compute(scan_layers=True)
   scanned = _init(cfg)
   with pytest.raises(ValueError, match="unrolled"):
     init_cache(cfg, 2, 8)
   model, params = stack.unrolled(Transformer(cfg), scanned)
-  assert not model.cfg.scan_layers and "layers_2" in params["decoder"]
+  assert not model.cfg.compute.scan_layers and "layers_2" in params["decoder"]
   # The unrolled model's cached decoding reproduces the scanned model's teacher-forced logits.
   enc_out = model.apply({"params": params}, SRC, method="encode")
   memory = model.apply({"params": params}, enc_out, method="prepare_decoding")

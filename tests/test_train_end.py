@@ -1,21 +1,28 @@
 """The end of training as the paper reports it: the average of the last N checkpoints scored beside the
 final parameters (config.train.average_last), early stopping on dev loss, the real tokens per batch in
-metrics.jsonl; and the start from another run's parameters (config.train.init_checkpoint).
+metrics.jsonl; the start from another run's parameters (config.train.init_checkpoint); and a run of the
+config layout before the compute section, which decodes and resumes.
 """
+import copy
+import json
 import logging
 import pathlib
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
 import experiments
+import run
 from data import make_train_iterator
+from decode.translate import translate
 from run import checkpoint as ckpt
 from run import get_vocab
 from run import metrics as metrics_io
 from train.average import average_params
 from train.train import train_and_evaluate
+from test_run_config import OLD_CONFIG, as_old_layout
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
@@ -106,3 +113,25 @@ def test_init_checkpoint_starts_from_another_runs_parameters_and_refuses_another
                           "train.init_checkpoint": str(source)})
   with pytest.raises(UserError, match="do not match config.model"):
     train_and_evaluate(other, tmp_path / "c")
+
+
+def test_a_run_directory_of_the_old_config_layout_decodes_and_resumes(averaged_run, tmp_path):
+  """A run written before config.json had a compute section (tests/data/config_before_compute.json is one):
+  run.load_run opens it for decoding, and training resumes from its newest checkpoint and rewrites its
+  config.json in today's layout."""
+  old_run = tmp_path / "old"
+  shutil.copytree(averaged_run[0], old_run)
+  config_path = old_run / "config.json"
+  old = as_old_layout(json.loads(config_path.read_text()))
+  assert set(old["model"]) == set(json.loads(OLD_CONFIG.read_text())["model"])   # the committed one's layout
+  config_path.write_text(json.dumps(old, indent=2))
+
+  opened = run.load_run(old_run)
+  assert opened.step == 4 and opened.config.compute.kernels == "auto"
+  assert translate(opened.model, opened.params, opened.vocab, ["the cat ."], beam_size=2, max_extra_len=3)
+  _, config, _, _ = averaged_run
+  resumed = experiments.apply_overrides(copy.deepcopy(config), {"train.num_steps": 5, "train.average_last": 0,
+                                                                "train.test_bleu": False})
+  assert train_and_evaluate(resumed, old_run).step == 5
+  assert ckpt.read_meta(old_run, 5)["data"]["index"] == ckpt.read_meta(old_run, 4)["data"]["index"] + 1
+  assert json.loads(config_path.read_text())["compute"] == config.compute.to_dict()

@@ -46,6 +46,7 @@ def tiny_config(**train):
   config = ml_collections.ConfigDict()
   config.model = dict(d_model=32, d_ff=64, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                       dropout_rate=0.1, max_len=32)
+  config.compute = dict()   # model.Compute's defaults
   config.train = dict(schedule="inverse_sqrt", learning_rate=3e-3, warmup_steps=5, num_steps=100,
                       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0)
   config.train.update(train)
@@ -167,10 +168,10 @@ def test_one_device_equals_eight_devices():
 
 @pytest.mark.slow
 def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
-  """Mixed precision (model.matmul_dtype="bfloat16", kernels/mixed_matmul.py) in the jitted data-parallel
+  """Mixed precision (compute.matmul_dtype="bfloat16", kernels/mixed_matmul.py) in the jitted data-parallel
   step, fused loss included: losses within 1% of float32's, and 1 device equals 8."""
   config = tiny_config()
-  config.model.matmul_dtype = "bfloat16"
+  config.compute.matmul_dtype = "bfloat16"
   state1, hist1 = run(config, devices=jax.devices()[:1])
   state8, hist8 = run(config)
   np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=1e-4)
@@ -301,14 +302,14 @@ def test_mixed_precision_fused_loss_runs_jitted_and_equals_the_rounded_reference
 
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_fused_and_full_logit_steps_train_alike(share_embeddings):
-  """A few steps with the fused output loss (model.kernels "cpu") give the parameters and metrics of the
+  """A few steps with the fused output loss (compute.kernels "cpu") give the parameters and metrics of the
   full-logits path: the same kernels with loss_chunk_tokens=0, and the reference, which never fuses."""
   config = tiny_config()
   config.model.share_embeddings = share_embeddings
   config.model.dropout_rate = 0.0   # the reference draws other dropout masks
   results = []
   for kernels, chunk in (("cpu", 16), ("cpu", 0), ("reference", 16)):
-    config.model.kernels = kernels
+    config.compute.kernels = kernels
     mesh, _, state, _, step = setup(config, jax.devices()[:1], loss_chunk_tokens=chunk)
     history = []
     for i in range(3):

@@ -24,22 +24,25 @@ if __name__ == "__main__":   # first: before JAX starts a thread; on the CPU onl
   host_memory.keep_freed_memory_on_cpu("train")
 
 import argparse
+import logging
 import os
 import pathlib
 import sys
 
 import jax
-from absl import logging   # Orbax logs through absl
+from absl import logging as absl_logging   # Orbax logs through absl
 
 import experiments
 from data import tasks
 from run import user_errors
+from run.console import log_to_console
 from run.checkpoint import CheckpointMismatch
 from train import multihost
 from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
+log = logging.getLogger("train")   # not __name__: that is "__main__" under python -m train
 
 
 def main(argv=None) -> None:
@@ -64,7 +67,8 @@ def main(argv=None) -> None:
     experiments.apply_overrides(config, [a.removeprefix("--config.") for a in rest])
   except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as error:
     parser.error(str(error).strip("'\""))
-  logging.set_verbosity(logging.WARNING)   # Orbax logs every file it renames at INFO
+  absl_logging.set_verbosity(absl_logging.WARNING)   # Orbax logs every file it renames at INFO
+  log_to_console()
   if jax.config.jax_compilation_cache_dir is None:   # a JAX_COMPILATION_CACHE_DIR the user set wins
     jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
   try:
@@ -77,35 +81,35 @@ def main(argv=None) -> None:
   workdir = args.workdir or config.workdir
   experiment = pathlib.Path(args.config.partition(":")[0])
   if config.data.source == "files" and experiment.resolve() == (_ROOT / "experiments" / "default.py"):
-    print("[train] hint: for your own corpus, experiments/small_corpus.py is tuned for real text "
-          "(docs/small_corpus.md); this is the default experiment, tuned for the synthetic corpus")
+    log.info("[train] hint: for your own corpus, experiments/small_corpus.py is tuned for real text "
+             "(docs/small_corpus.md); this is the default experiment, tuned for the synthetic corpus")
   try:
     with user_errors.reported():   # one line `error: ...`, exit status 2
       outcome = train_and_evaluate(config, workdir)
   except (NonFiniteError, CheckpointMismatch) as error:
-    print(f"[train] error: {error}", file=sys.stderr)
+    log.error(f"[train] error: {error}")
     sys.exit(1)
   if outcome.interrupted or not multihost.is_primary():
     return
-  print()
+  log.info("")
   if outcome.eval:
-    print(f"dev loss {outcome.eval['eval/loss']:.4f}  ppl {outcome.eval['eval/ppl']:.3f}  "
-          f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
+    log.info(f"dev loss {outcome.eval['eval/loss']:.4f}  ppl {outcome.eval['eval/ppl']:.3f}  "
+             f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
   if outcome.test_bleu is not None:
-    print(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
+    log.info(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
     if outcome.test_bleu_averaged is not None:
-      print(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
-            f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")
+      log.info(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
+               f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")
     for src, ref, hyp in outcome.samples or []:
-      print(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
-  print(f"run directory: {outcome.workdir}")
+      log.info(f"  src: {src}\n  ref: {ref}\n  hyp: {hyp}\n")
+  log.info(f"run directory: {outcome.workdir}")
   shown = os.path.relpath(outcome.workdir)
   shown = outcome.workdir if shown.startswith("..") else shown
   task = tasks.task_of(config.data)
   if tasks.translates(config.data):
-    print(f"decode with:   python -m decode --workdir {shown} --input FILE --output FILE")
+    log.info(f"decode with:   python -m decode --workdir {shown} --input FILE --output FILE")
   elif task == "lm":
-    print(f"continue a text with:   python -m decode --workdir {shown} --prompt TEXT")
+    log.info(f"continue a text with:   python -m decode --workdir {shown} --prompt TEXT")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ checkpoints; `load_params(workdir, 'averaged')` (and decoding) reads it.
 from __future__ import annotations
 
 import argparse
+import logging
 import pathlib
 import shutil
 
@@ -17,8 +18,11 @@ import numpy as np
 
 from run import checkpoint as ckpt
 from train import multihost
+from run.console import log_to_console
 from run.user_errors import UserError, reported
 from run.workdir import WRITTEN_BY_TRAIN, run_file
+
+log = logging.getLogger("train.average")   # not __name__: that is "__main__" under python -m train.average
 
 
 def average_params(param_trees):
@@ -49,7 +53,7 @@ def average_checkpoints(workdir, last: int) -> tuple[pathlib.Path, list[int]]:
     raise UserError(f"no checkpoints in {workdir / ckpt.CHECKPOINTS}: {WRITTEN_BY_TRAIN}")
   chosen = steps[-last:]
   if len(chosen) < last:
-    print(f"[average] only {len(chosen)} checkpoints in {workdir / ckpt.CHECKPOINTS}; averaging {chosen}")
+    log.info(f"[average] only {len(chosen)} checkpoints in {workdir / ckpt.CHECKPOINTS}; averaging {chosen}")
   trees = [jax.device_get(ckpt.load_params(workdir, step)[0]) for step in chosen]
   averaged = average_params(trees)
 
@@ -92,10 +96,11 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.last < 1:
     parser.error(f"--last must be >= 1, got {args.last}")
+  log_to_console()
   with reported():   # user errors: one line `error: ...`, exit status 2
     path, steps = average_checkpoints(args.workdir, args.last)
-  print(f"averaged steps {steps} -> {path}")
-  print(f"decode with: python -m decode --workdir {args.workdir} --checkpoint averaged --input FILE")
+  log.info(f"averaged steps {steps} -> {path}")
+  log.info(f"decode with: python -m decode --workdir {args.workdir} --checkpoint averaged --input FILE")
 
 
 if __name__ == "__main__":

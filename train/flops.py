@@ -89,7 +89,7 @@ def batch_flops(cfg: TransformerConfig, batch) -> int:
 # ----------------------------------------------------------------------------------------------------
 def compute_dtype(cfg: TransformerConfig) -> str:
   """'bfloat16' where the matmul operands are 16-bit, else 'float32'."""
-  dtype = as_dtype(cfg.matmul_dtype) if cfg.matmul_dtype is not None else as_dtype(cfg.dtype)
+  dtype = as_dtype(cfg.compute.matmul_dtype or cfg.compute.dtype)
   return "float32" if dtype == jnp.float32 else "bfloat16"
 
 

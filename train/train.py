@@ -23,6 +23,7 @@ TensorBoard, the console, the progress bar, the run-directory lock) by process 0
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import time
 
@@ -47,6 +48,8 @@ from train.average import average_and_test
 from train import step as step_lib
 from train.optimizer import make_optimizer
 from train.signals import SignalFlag
+
+log = logging.getLogger(__name__)
 
 # Keys of metrics.jsonl excluded from "must match on resume": they measure the machine, not the run (the
 # padding shares count the empty rows that round a batch up to a multiple of the devices).
@@ -77,10 +80,10 @@ class Outcome:
   time: dict | None = None             # the run's wall-clock split: train/goodput.py's PARTS, seconds
 
 
-def _say(*args, **kwargs) -> None:
-  """print, in process 0 only."""
+def _say(message: str) -> None:
+  """Logs `message` at INFO, in process 0 only."""
   if multihost.is_primary():
-    print(*args, **kwargs)
+    log.info(message)
 
 
 def _evaluate(eval_fn, params, batches, mesh) -> dict:

@@ -33,7 +33,7 @@ from benchmarks import files, worker
 from decode import translate
 from experiments.default import get_config
 from kernels import cpu_decoding
-from model import Transformer, TransformerConfig
+from model import Compute, Transformer, TransformerConfig
 from run.mesh import make_mesh
 from train import optimizer, schedules
 from train import step as step_lib
@@ -111,7 +111,8 @@ def setup(spec: dict):
     tasks["peak"], info["peak"] = peak(spec["peak_dtype"])
   wanted = [t for t in spec["tasks"] if t != "peak"]
   if wanted:
-    cfg = TransformerConfig(**spec["model"], matmul_dtype=spec.get("matmul_dtype"))
+    compute = Compute(**{**spec["model"].get("compute", {}), "matmul_dtype": spec.get("matmul_dtype")})
+    cfg = TransformerConfig(**{**spec["model"], "compute": compute})
     params = flax.serialization.msgpack_restore((pathlib.Path(spec["dir"]) / files.PARAMS).read_bytes())
     for task in wanted:
       if task == "train":

@@ -1,0 +1,75 @@
+"""run/config.py: a config.json written before the compute section existed reads in today's layout, and a
+resume refuses another model, data or seed while the compute settings may change."""
+import dataclasses
+import json
+import pathlib
+
+import ml_collections
+import pytest
+
+import experiments
+import run
+from model import Compute
+from run import config as config_io
+from run.user_errors import UserError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# What `python -m train --config experiments/default.py:smoke` wrote before the compute settings left the
+# model section (commit fae0a53).
+OLD_CONFIG = ROOT / "tests" / "data" / "config_before_compute.json"
+COMPUTE = {field.name for field in dataclasses.fields(Compute)}
+
+
+def _smoke():
+  return experiments.load_experiment(str(ROOT / "experiments" / "default.py") + ":smoke")
+
+
+def as_old_layout(config: dict) -> dict:
+  """A config.json's dict in the layout of OLD_CONFIG: the compute settings under "model"."""
+  config = dict(config)
+  compute = config.pop("compute")
+  return {**config, "model": {**config["model"], **compute}}
+
+
+def test_an_old_config_json_reads_in_todays_layout():
+  old = json.loads(OLD_CONFIG.read_text())
+  assert "compute" not in old and COMPUTE <= set(old["model"])
+  config = config_io.read_config_json(OLD_CONFIG)
+  assert set(config["compute"]) == COMPUTE and not COMPUTE & set(config["model"])
+  assert {**config["model"], **config["compute"]} == old["model"]
+  # Today's smoke experiment is the run that wrote it: nothing differs, and as_old_layout writes that layout.
+  today = _smoke().to_dict()
+  assert config_io.diff_configs(config, today) == []
+  assert as_old_layout(today) == old
+  cfg = run.model_config(ml_collections.ConfigDict(config), 300)
+  assert cfg.compute == Compute() and cfg.d_model == old["model"]["d_model"]
+
+
+def _saved(tmp_path, config: dict) -> pathlib.Path:
+  (tmp_path / config_io.CONFIG_FILE).write_text(json.dumps(config))
+  return tmp_path
+
+
+def test_a_resume_may_change_the_compute_settings_but_not_the_model(tmp_path):
+  workdir = _saved(tmp_path, json.loads(OLD_CONFIG.read_text()))   # also across the layout change
+  config = _smoke()
+  config.compute.update(dtype="bfloat16", kernels="reference", attention_impl="xla", remat="full")
+  config.compute.matmul_dtype = "bfloat16"
+  changes = config_io.check_resume(config, workdir, has_checkpoints=True)
+  assert changes == ["compute.attention_impl: 'auto' -> 'xla'", "compute.dtype: 'float32' -> 'bfloat16'",
+                     "compute.kernels: 'auto' -> 'reference'", "compute.matmul_dtype: None -> 'bfloat16'",
+                     "compute.remat: 'none' -> 'full'"]
+  for key, value in (("model.d_ff", 48), ("data.vocab_size", 200), ("seed", 1)):
+    changed = experiments.apply_overrides(_smoke(), {key: value})
+    with pytest.raises(UserError, match=f"trained with different settings .*{key}"):
+      config_io.check_resume(changed, workdir, has_checkpoints=True)
+    assert config_io.check_resume(changed, workdir, has_checkpoints=False)   # nothing to resume: allowed
+  # The layout of the parameters: refused, naming run.convert.
+  scanned = experiments.apply_overrides(_smoke(), {"compute.scan_layers": True})
+  with pytest.raises(UserError, match="compute.scan_layers=True.*unrolled layout.*python -m run.convert"):
+    config_io.check_resume(scanned, workdir, has_checkpoints=True)
+
+
+def test_an_old_key_on_the_command_line_names_it():
+  with pytest.raises(KeyError, match="no key 'dtype' in model; did you mean 'compute.dtype'"):
+    experiments.apply_overrides(_smoke(), {"model.dtype": "bfloat16"})
