@@ -293,7 +293,7 @@ def render_bulk_decode(result: dict) -> str:
 # docs/runs.md: how each system of docs/export/po_enes.json is labelled.
 EXPORT_SYSTEMS = [
     ("ours_{}_as_run", "`python -m decode` (`translate`), as trained: bfloat16 matmuls"),
-    ("ours_{}_f32", "`translate` with float32 matmuls (`cfg.replace(matmul_dtype=None)`)"),
+    ("ours_{}_f32", "`translate` with float32 matmuls (`cfg.with_compute(matmul_dtype=None)`)"),
     ("hf_{}", "Hugging Face (`PegasusForConditionalGeneration`)"),
     ("ct2_{}", "CTranslate2"),
     ("ct2_{}_patience1", "CTranslate2 with its default `patience=1`"),
