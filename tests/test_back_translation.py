@@ -150,3 +150,24 @@ def test_an_old_vocabulary_without_the_tag_is_refused_in_one_line(corpus, tmp_pa
     warnings.simplefilter("ignore")
     with pytest.raises(DataError, match="synthetic_tag='<BT>' is not a piece of the vocabulary"):
       make_train_iterator(config, vocab, seed=0, row_multiple=1)
+
+
+@pytest.mark.slow   # compiles a train step and an eval step: about 20 s alone on 2 cores
+def test_the_experiment_trains_on_synthetic_pairs(corpus, tmp_path, monkeypatch):
+  """experiments/back_translation.py's forward model, shrunk (its smoke settings), two steps on the
+  tiny corpus with the synthetic file: the run's vocabulary reserves the tag and the loss is finite."""
+  import experiments
+  from run import metrics as metrics_io
+  from train.train import train_and_evaluate
+  monkeypatch.setenv("AIAYN_DATA_CACHE", str(corpus / "cache"))
+  config = experiments.load_experiment("experiments/back_translation.py:smoke")
+  config.data.update(source="files", train_path=str(corpus / "train.tsv"), dev_path=str(corpus / "dev.tsv"),
+                     test_path=str(corpus / "dev.tsv"), vocab_size=300, vocab_sample_sentences=2000,
+                     synthetic_path=str(corpus / "synth.tsv"), synthetic_ratio=0.5)
+  config.train.update(num_steps=2, test_bleu=False, bleu_every=0, progress=False, tensorboard=False,
+                      eval_every=0, dev_sentences=8)
+  outcome = train_and_evaluate(config, tmp_path)
+  assert outcome.step == 2 and outcome.interrupted is None
+  assert (tmp_path / "vocab.json").read_text().count(TAG) == 1
+  losses = [line["train/loss"] for line in metrics_io.read_metrics(tmp_path) if "train/loss" in line]
+  assert losses and all(np.isfinite(losses))
