@@ -14,13 +14,25 @@ import json
 import pathlib
 import re
 
+import sacrebleu
+
 RUNS = {   # run directory -> what it is
     "bt_reverse": "reverse model, Romanian->English, parallel half",
     "bt_baseline": "forward, English->Romanian, parallel half only",
     "bt_tagged": "forward, parallel half + back-translated half, tagged <BT>",
     "bt_untagged": "forward, parallel half + back-translated half, untagged",
+    "bt_oracle": "forward, both halves with their real English (the upper bound)",
 }
 DECODE_LOG = "bt_decode.log"   # the bulk decoding of the monolingual half, under /usr/bin/time -v
+
+
+def synthetic_bleu(split_dir: pathlib.Path) -> float | None:
+  """sacreBLEU of the synthetic sources (synth.src) against the real sources of the monolingual half
+  (mono.src, never trained on): how right the reverse model's translations are."""
+  hyp, ref = split_dir / "synth.src", split_dir / "mono.src"
+  if not (hyp.exists() and ref.exists()):
+    return None
+  return sacrebleu.corpus_bleu(hyp.read_text().split("\n")[:-1], [ref.read_text().split("\n")[:-1]]).score
 
 
 def wall_seconds(log: pathlib.Path) -> float | None:
@@ -66,7 +78,9 @@ def table(results: dict) -> str:
     rows.append(f"| `{name}` | {RUNS[name]} | **{r['test_bleu']:.2f}** ({r['test_bleu_averaged']:.2f}) | "
                 f"{r['dev_loss_last']:.3f} ({best[1]:.3f} at {best[0]}) | {r['train_nll_last']:.3f} | {wall} |")
   if results.get("decode_wall_seconds"):
-    rows.append(f"| bulk decoding | `mono.tgt` -> `synth.src` with `bt_reverse` | - | - | - | "
+    synth = results.get("synthetic_bleu")
+    rows.append(f"| bulk decoding | `mono.tgt` -> `synth.src` with `bt_reverse` | "
+                f"{f'{synth:.2f} (against `mono.src`)' if synth else '-'} | - | - | "
                 f"{results['decode_wall_seconds'] / 60:.1f} min |")
   return "\n".join(rows) + "\n"
 
@@ -74,12 +88,15 @@ def table(results: dict) -> str:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--runs", default="runs")
+  parser.add_argument("--split_dir", default="corpus/po_enro_bt")
   parser.add_argument("--out", default="docs/back_translation_results")
   args = parser.parse_args()
   runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
-  results = {"runs": {name: summary(runs / name, runs / f"{name}.log")
-                      for name in RUNS if (runs / name / "metrics.jsonl").exists()},
-             "decode_wall_seconds": wall_seconds(runs / DECODE_LOG)}
+  finished = {name: summary(runs / name, runs / f"{name}.log")
+              for name in RUNS if (runs / name / "metrics.jsonl").exists()}
+  results = {"runs": {name: r for name, r in finished.items() if r["test_bleu_averaged"] is not None},
+             "decode_wall_seconds": wall_seconds(runs / DECODE_LOG),
+             "synthetic_bleu": synthetic_bleu(pathlib.Path(args.split_dir))}
   out.mkdir(parents=True, exist_ok=True)
   (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
   (out / "results.md").write_text(table(results))
