@@ -152,7 +152,7 @@ def test_an_old_vocabulary_without_the_tag_is_refused_in_one_line(corpus, tmp_pa
       make_train_iterator(config, vocab, seed=0, row_multiple=1)
 
 
-@pytest.mark.slow   # compiles a train step and an eval step: about 20 s alone on 2 cores
+@pytest.mark.slow   # compiles a train and an eval step: over 20 s with a cold compilation cache
 def test_the_experiment_trains_on_synthetic_pairs(corpus, tmp_path, monkeypatch):
   """experiments/back_translation.py's forward model, shrunk (its smoke settings), two steps on the
   tiny corpus with the synthetic file: the run's vocabulary reserves the tag and the loss is finite."""
