@@ -85,6 +85,5 @@ def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=
 
 
 __all__ = ["BOS", "EOS", "PAD", "UNK", "BatchIterator", "DataError", "TokenPairs", "Vocab", "check_config",
-           "check_vocab", "derive_train_max_len", "load_pairs", "make_eval_batches", "make_train_iterator", "mixing",
-           "source_eos",
-           "task_sequences", "tasks", "tokenized"]
+           "check_vocab", "derive_train_max_len", "load_pairs", "make_eval_batches", "make_train_iterator",
+           "mixing", "source_eos", "task_sequences", "tasks", "tokenized"]
