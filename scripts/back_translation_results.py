@@ -22,6 +22,8 @@ RUNS = {   # run directory -> what it is
     "bt_tagged": "forward, parallel half + back-translated half, tagged <BT>",
     "bt_untagged": "forward, parallel half + back-translated half, untagged",
     "bt_oracle": "forward, both halves with their real English (the upper bound)",
+    "bt_tagged_seed1": "as bt_tagged, --config.seed=1",
+    "bt_untagged_seed1": "as bt_untagged, --config.seed=1",
 }
 DECODE_LOG = "bt_decode.log"   # the bulk decoding of the monolingual half, under /usr/bin/time -v
 
