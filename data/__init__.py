@@ -4,16 +4,18 @@
     pairs = tokenized(config.data, vocab)        # the training split, tokenized once (data/cache.py)
     choice = derive_train_max_len(config.data, pairs)   # config.data.max_len=0: from the corpus
     train_iter = make_train_iterator(config.data, vocab, seed=0, row_multiple=num_devices)  # pads only
+    # config.data.synthetic_path: back-translated pairs join the stream, tagged (data/mixing.py)
     dev_batches = make_eval_batches(config.data, vocab, load_pairs(config.data, "dev"), row_multiple=8)
 
 Both form config.data.task's batches (data/tasks.py; translation unless the config says otherwise).
 """
-from data import tasks
+from data import mixing, tasks
 from data.batching import (BatchIterator, Kept, assemble, bucket_lengths, bucket_rows, fitting,
                            plan_buckets, tokenize)
 from data.cache import tokenized
 from data.max_len import MaxLenChoice, derive_max_len
-from data.sources import DataError, check_config, load_pairs, load_pairs_with_origins
+from data.sources import (SYNTHETIC, DataError, check_config, load_pairs, load_pairs_with_origins,
+                          synthetic_path)
 from data.tasks import source_eos
 from data.tokens import TokenPairs
 from data.vocab import BOS, EOS, PAD, UNK, Vocab, check_vocab
@@ -43,8 +45,12 @@ def derive_train_max_len(data_config, pairs) -> MaxLenChoice:
 def make_train_iterator(data_config, vocab, *, seed, row_multiple, process_index=0, process_count=1):
   """The infinite, resumable training iterator (see data.batching.BatchIterator) over the training
   split's cache, made first if absent."""
-  sequences = task_sequences(data_config, tokenized(data_config, vocab, "train"), int(data_config.max_len),
-                             "config.data train")
+  pairs = tokenized(data_config, vocab, "train")
+  if synthetic_path(data_config):   # back-translated pairs mixed in, tagged (data/mixing.py)
+    sequences = mixing.mixed_sequences(data_config, vocab, pairs, tokenized(data_config, vocab, SYNTHETIC),
+                                       int(data_config.max_len), seed)
+  else:
+    sequences = task_sequences(data_config, pairs, int(data_config.max_len), "config.data train")
   return BatchIterator(max_len=int(data_config.max_len), batch_tokens=int(data_config.batch_tokens),
                        row_multiple=row_multiple, seed=seed, pack=bool(data_config.pack),
                        process_index=process_index, process_count=process_count, sequences=sequences,
@@ -79,5 +85,5 @@ def make_eval_batches(data_config, vocab, pairs, *, row_multiple, process_index=
 
 
 __all__ = ["BOS", "EOS", "PAD", "UNK", "BatchIterator", "DataError", "TokenPairs", "Vocab", "check_config",
-           "check_vocab", "derive_train_max_len", "load_pairs", "make_eval_batches", "make_train_iterator", "source_eos",
-           "task_sequences", "tasks", "tokenized"]
+           "check_vocab", "derive_train_max_len", "load_pairs", "make_eval_batches", "make_train_iterator",
+           "mixing", "source_eos", "task_sequences", "tasks", "tokenized"]

@@ -41,7 +41,7 @@ import numpy as np
 import tqdm
 
 from data import vocab as vocab_lib
-from data.sources import DataError, open_split
+from data.sources import DataError, open_split, synthetic_tag
 from data.tokens import Side, TokenPairs
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,10 @@ def train_vocab_cached(data_config):
   settings = {key: data_config.get(key, default) for key, default in (
       ("vocab_size", 0), ("vocab_seed", 0), ("vocab_sample_sentences", 0), ("vocab_model_type", "bpe"))}
   reader = open_split(data_config, "train")
-  key = _key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values())
+  # The synthetic pairs' tag is a piece of its own (data/mixing.py); without one the key is as it was.
+  reserved = (synthetic_tag(data_config),) if synthetic_tag(data_config) else ()
+  key = _key(FORMAT, reader.fingerprint(), data_config.src_lang, data_config.tgt_lang, *settings.values(),
+             *reserved)
   path = cache_root(data_config) / f"vocab-{key}.model"
   model, info, problem = _cached_vocab(path)
   if not problem:
@@ -296,9 +299,10 @@ def train_vocab_cached(data_config):
                                 int(settings["vocab_seed"]))
     size = int(settings["vocab_size"]) or vocab_lib.auto_vocab_size(pairs)   # 0: by corpus size
     model = vocab_lib.train_vocab(texts, size, seed=int(settings["vocab_seed"]),
-                                  sample_sentences=len(texts), model_type=settings["vocab_model_type"])
+                                  sample_sentences=len(texts), model_type=settings["vocab_model_type"],
+                                  reserved=reserved)
     info = {**settings, "pieces": size, "corpus_pairs": pairs, "corpus_sentences": 2 * pairs,
-            "sample_sentences": len(texts)}
+            "sample_sentences": len(texts), **({"reserved": list(reserved)} if reserved else {})}
     # The record first, then the model: a crash between them leaves a pair that fails the check.
     record = {"info": info, "bytes": len(model), "sha256": hashlib.sha256(model).hexdigest()}
     path.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")

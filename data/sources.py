@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("synthetic", "tfds", "files")
 SPLITS = ("train", "dev", "test")
+SYNTHETIC = "synthetic"   # the split name of config.data.synthetic_path's pairs (data/mixing.py)
+DEFAULT_TAG = "<BT>"      # the synthetic sources' tag where config.data.synthetic_tag is not set
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}  # wmt14: newstest2013 / 2014
 _SHOW_BAD = 5   # how many bad lines a warning names
 
@@ -52,6 +54,34 @@ def check_config(data_config) -> None:
           raise DataError(f"config.data.{key}: file {path!r} does not exist")
   if source == "tfds":
     _tfds_builder(data_config)
+  _check_synthetic(data_config)
+
+
+def synthetic_path(data_config) -> str:
+  """config.data.synthetic_path (data/mixing.py), "" where the config has no such key."""
+  return data_config.get("synthetic_path", "") or ""
+
+
+def synthetic_tag(data_config) -> str:
+  """config.data.synthetic_tag: the piece prepended to synthetic sources and reserved in the vocabulary;
+  "<BT>" where synthetic_path is set and the key is not, "" (no tag, no reserved piece) otherwise."""
+  return data_config.get("synthetic_tag", DEFAULT_TAG if synthetic_path(data_config) else "") or ""
+
+
+def _check_synthetic(data_config) -> None:
+  """The synthetic pairs' files exist and can be read; the tag is one word. One-line DataErrors."""
+  tag = synthetic_tag(data_config)
+  if tag and (tag.split() != [tag] or tag in ("<pad>", "<unk>", "<s>", "</s>")):
+    raise DataError(f"config.data.synthetic_tag={tag!r}: use one word without spaces that no sentence "
+                    f"holds, e.g. {DEFAULT_TAG!r}, or '' to turn tagging off")
+  spec = synthetic_path(data_config)
+  if not spec:
+    return
+  for path in spec.split(","):
+    if not os.path.isfile(path):
+      raise DataError(f"config.data.synthetic_path: file {path!r} does not exist")
+    if not os.access(path, os.R_OK):
+      raise DataError(f"config.data.synthetic_path: file {path!r} cannot be read (permissions)")
 
 
 def load_pairs(data_config, split: str) -> list[tuple[str, str]]:
@@ -74,9 +104,13 @@ def open_split(data_config, split: str):
   """A reader of one split: .chunks(report=True) yields (pairs, numbers) a chunk at a time (numbers:
   the line of a file, the record of a TFDS split, which .origin formats), .fingerprint() names its
   content for caches, .size is its number of pairs where known without reading it (TFDS), else None."""
-  if split not in SPLITS:
-    raise DataError(f"unknown split {split!r}; use one of {SPLITS}")
+  if split not in SPLITS + (SYNTHETIC,):
+    raise DataError(f"unknown split {split!r}; use one of {SPLITS + (SYNTHETIC,)}")
   check_config(data_config)
+  if split == SYNTHETIC:
+    if not synthetic_path(data_config):
+      raise DataError("config.data.synthetic_path is not set: there is no synthetic split to read")
+    return FileReader(synthetic_path(data_config), "config.data.synthetic_path")
   if data_config.source == "files":
     return FileReader(data_config.get(f"{split}_path"), f"config.data.{split}_path")
   if data_config.source == "synthetic":

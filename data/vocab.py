@@ -50,6 +50,11 @@ class Vocab:
     """The SentencePiece piece (token string) of one id, e.g. '▁house'."""
     return self._sp.id_to_piece(int(token_id))
 
+  def piece_to_id(self, piece: str) -> int | None:
+    """The id of one piece (e.g. a reserved tag, '<BT>'), None if the vocabulary has no such piece."""
+    token_id = self._sp.piece_to_id(piece)
+    return None if token_id == UNK and piece != self._sp.id_to_piece(UNK) else int(token_id)
+
   @classmethod
   def load(cls, path) -> "Vocab":
     path = pathlib.Path(path)
@@ -117,6 +122,9 @@ class PairVocab:
   def id_to_piece(self, token_id: int) -> str:
     return self.pieces[int(token_id)]
 
+  def piece_to_id(self, piece: str) -> int | None:
+    return self._ids.get(piece)
+
   def encode(self, text: str, side: str = "source") -> list[int]:
     """Text -> ids (no bos or eos): cut by `side`'s SentencePiece model, each piece looked up."""
     return self.encode_batch([text], side)[0]
@@ -159,9 +167,10 @@ MODEL_TYPES = ("bpe", "unigram")
 
 
 def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentences: int,
-                model_type: str = "bpe") -> bytes:
+                model_type: str = "bpe", reserved: tuple[str, ...] = ()) -> bytes:
   """Trains a SentencePiece model (byte-pair encoding, as the paper, or unigram) on a seeded random
-  sample of `texts`; returns its bytes."""
+  sample of `texts`; returns its bytes. reserved: pieces that are always one piece of their own (e.g.
+  the back-translation tag, data/mixing.py), ids right after eos's, within vocab_size."""
   if model_type not in MODEL_TYPES:
     raise ValueError(f"config.data.vocab_model_type={model_type!r}: use one of {MODEL_TYPES}")
   rng = random.Random(seed)
@@ -172,7 +181,7 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
       sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,
       character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
       input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
-      minloglevel=2)
+      minloglevel=2, **({"user_defined_symbols": list(reserved)} if reserved else {}))
   return writer.getvalue()
 
 
