@@ -78,10 +78,16 @@ def _check_synthetic(data_config) -> None:
   if not spec:
     return
   for path in spec.split(","):
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
       raise DataError(f"config.data.synthetic_path: file {path!r} does not exist")
-    if not os.access(path, os.R_OK):
-      raise DataError(f"config.data.synthetic_path: file {path!r} cannot be read (permissions)")
+    if not os.path.isfile(path):
+      raise DataError(f"config.data.synthetic_path: {path!r} is not a file; give a TSV of pairs, or the "
+                      f"source and target files joined by a comma")
+    try:
+      with open(path, "rb") as file:
+        file.read(1)
+    except OSError as error:
+      raise DataError(f"config.data.synthetic_path: file {path!r} cannot be read ({error.strerror})") from None
 
 
 def load_pairs(data_config, split: str) -> list[tuple[str, str]]:
