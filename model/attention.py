@@ -12,10 +12,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from kernels import MASKED
 from model import fused_attention
 from model import positions as positions_lib
-from model.dense import DenseGeneral
+from model.ops import MASKED
 
 
 @flax.struct.dataclass
@@ -66,7 +65,7 @@ def causal_mask(length: int) -> jax.Array:
 
 def attention_weights(q, k, mask, bias=None, dot_general=None):
   """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the one softmax of the
-  plain attention (kernels/decode_cache.py and the C++ decoding kernels have their own layouts' own).
+  plain attention.
 
   q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
   key/value head serving h/g consecutive query heads); mask: bool broadcastable to [b, h, q_len, kv_len]
@@ -123,7 +122,7 @@ class MultiHeadAttention(nn.Module):
   impl: str = "xla"                 # TransformerConfig.attention_impl (model/fused_attention.py)
 
   def setup(self):
-    dense = lambda features, axis=-1: DenseGeneral(
+    dense = lambda features, axis=-1: nn.DenseGeneral(
         features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=self.dot_general)
     self.query = dense((self.num_heads, self.d_k))
@@ -133,24 +132,16 @@ class MultiHeadAttention(nn.Module):
     self.out = dense(self.d_model, axis=(-2, -1))
     self.weights_dropout = self.dropout_cls(self.dropout_rate)
 
-  def project_kv(self, memory, positions=None, panels=None):
+  def project_kv(self, memory, positions=None):
     """memory [b, kv_len, d_model] -> (keys [b, kv_len, g, d_k], values [b, kv_len, g, d_v]), g the
-    key/value heads; with rope, keys are rotated by positions int [b, kv_len]. panels: None, or the
-    kernels laid out for a decoding step (`decoding_panels`)."""
-    panels = panels or {}
-    k = self.key(memory, panels.get("key"))
-    return (positions_lib.rope(k, positions) if self.rope else k), self.value(memory, panels.get("value"))
+    key/value heads; with rope, keys are rotated by positions int [b, kv_len]."""
+    k = self.key(memory)
+    return (positions_lib.rope(k, positions) if self.rope else k), self.value(memory)
 
-  def project_q(self, x, positions=None, panels=None):
+  def project_q(self, x, positions=None):
     """x [b, q_len, d_model] -> queries [b, q_len, h, d_k] (with rope, rotated by positions)."""
-    q = self.query(x, (panels or {}).get("query"))
+    q = self.query(x)
     return positions_lib.rope(q, positions) if self.rope else q
-
-  def decoding_panels(self, layout, cross: bool = False):
-    """The projections a decoding step runs, laid out by `layout` (model/dense.py): {name: panels}.
-    Cross-attention's keys and values are computed once per batch, so they keep their kernels."""
-    names = ("query", "out") if cross else ("query", "key", "value", "out")
-    return {name: getattr(self, name).decoding_panels(layout) for name in names}
 
   def heads(self, q, k, v, mask, deterministic=True, bias=None):
     """Queries [b, q, h, d_k] against keys [b, kv, g, d_k] and values [b, kv, g, d_v] -> [b, q, h, d_v]."""
