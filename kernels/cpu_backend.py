@@ -15,7 +15,8 @@ replaces what a decoding step on a CPU runs on:
   layer weights    in float32, every kernel a decoding step multiplies by, laid out as panels once per set
                    of parameters (`layer_panels`); `step_scope` runs the decoder's step with flax's Dense
                    layers multiplying by them (nn.intercept_methods), so the layers need not know
-  extensions       beam search's choice of candidates as one C++ call (kernels/cpu_decoding.py)
+  extensions       beam search's choice of candidates as one C++ call (kernels/cpu_decoding.py), or
+                   without it XLA's ops with a top-k pruned by chunks (kernels/beam_top_k.py)
 
 The C++ kernels are built the first time `decoding` is asked for them, never by model.init or training.
 """
@@ -29,7 +30,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from kernels import cpu_decoding, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
+from kernels import beam_top_k, cpu_decoding, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
 
 PANELS = "panels"   # the decoding memory's key for the layer weights
 ATTENTIONS = {"self_attention": ("query", "key", "value", "out"),
@@ -62,19 +63,22 @@ def decoding(cfg, plain, dtype, mixed):
     return dataclasses.replace(
         plain, cache=cache, decoding_weights=output_layer.decoding_panels,
         decoding_logits=functools.partial(output_layer.panel_logits, vocab=cfg.vocab_size),
-        beam_extensions=beam_extensions, layer_weights=layer_panels, step_scope=step_scope)
+        beam_extensions=beam_extensions, extensions=functools.partial(extensions, beam_extensions),
+        layer_weights=layer_panels, step_scope=step_scope)
   weights = functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype)
   return dataclasses.replace(plain, cache=cache, decoding_weights=weights, decoding_logits=output_layer.logits,
-                             beam_extensions=beam_extensions)
+                             beam_extensions=beam_extensions,
+                             extensions=functools.partial(extensions, beam_extensions))
 
 
-def extensions(kernel, elsewhere):
-  """`kernel` (`decoding`'s beam_extensions, select_extensions' signature) where the program is lowered
-  for a CPU, `elsewhere` on every other platform; None stays None (the searches then use their XLA ops)."""
+def extensions(kernel, select_extensions):
+  """What a search picks a step's candidates with: `kernel` (the C++ beam_extensions) where the program
+  is lowered for a CPU and select_extensions on every other platform; without the kernel, XLA's ops
+  with the top-k pruned by chunks (kernels/beam_top_k.py)."""
   if kernel is None:
-    return None
+    return functools.partial(select_extensions, top=beam_top_k.top_extensions)
   return lambda logits, alive_logp, mode, n, eos_id: cpu_decoding.on_cpu(
-      kernel, elsewhere, logits, alive_logp, mode, n=n, eos_id=eos_id)
+      kernel, select_extensions, logits, alive_logp, mode, n=n, eos_id=eos_id)
 
 
 # ---- The decoder's kernels as panels --------------------------------------------------------------

@@ -12,15 +12,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from model import fused_attention
+from model import ops
 from model import positions as positions_lib
-from model.ops import MASKED
 
 
 @flax.struct.dataclass
 class PackedMask:
   """The mask of a teacher-forced pass with what it was built from, so that a fused kernel can read the
-  segment ids (model/fused_attention.py) where the plain attention reads the dense mask.
+  segment ids (kernels/fused_attention.py) where the plain attention reads the dense mask.
 
   dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
   whether a query also sees no later key; packed: whether a row may hold several sequences (False: one
@@ -79,7 +78,7 @@ def attention_weights(q, k, mask, bias=None, dot_general=None):
   if bias is not None:
     logits = logits + bias
   if mask is not None:
-    logits = jnp.where(mask, logits, MASKED)
+    logits = jnp.where(mask, logits, ops.MASKED)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -119,7 +118,7 @@ class MultiHeadAttention(nn.Module):
   dropout_cls: Any = nn.Dropout
   num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
   rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
-  impl: str = "xla"                 # TransformerConfig.attention_impl (model/fused_attention.py)
+  impl: str = "xla"                 # TransformerConfig.attention_impl (model/ops.py's attention)
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(
@@ -156,7 +155,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias)
     if not isinstance(mask, PackedMask):   # a decoding step: one query against the cache
       return reference(q, k, v, mask, bias)
-    return fused_attention.attention(self.impl, q, k, v, mask, bias, dropout is not None,
+    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None,
                                      reference).astype(self.dtype)
 
   def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):

@@ -1,14 +1,15 @@
 """What the layers compute with, and what decoding runs on: the plain operations, or a backend's.
 
 This module is model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers read
-what they compute with from `ops_for` and decoding reads what it runs on from `decoding_for`, and
-neither knows which backend filled them in. TransformerConfig.kernels chooses: "reference" is the plain
-pieces below and model/cache.py; "cpu" is kernels/cpu_backend.py, the XLA:CPU fast paths (same results,
-tests/test_kernels.py and tests/test_cpu_decoding.py); "auto" picks "cpu" in a program lowered for the
-CPU and "reference" in one lowered for a GPU or TPU. The train and eval steps resolve "auto" where the
-program is lowered (`on_lowering_platform`, jax.lax.platform_dependent): a step exported from this CPU
-host for "cuda" is exactly the step a GPU host traces with "reference". Decoding, whose cache layout is
-chosen before anything is traced, resolves it from the devices JAX runs on (kernels.resolve).
+what they compute with from `ops_for`, the teacher-forced attention from `attention`, and decoding what
+it runs on from `decoding_for`; none knows which backend filled them in. TransformerConfig.kernels
+chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is kernels/cpu_backend.py, the
+XLA:CPU fast paths (same results: tests/test_kernels.py, tests/test_cpu_decoding.py); "auto" picks "cpu"
+in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and eval
+steps resolve "auto" where the program is lowered (`on_lowering_platform`, jax.lax.platform_dependent):
+a step exported from this CPU host for "cuda" is exactly the step a GPU host traces with "reference".
+Decoding, whose cache layout is chosen before anything is traced, resolves it from the devices JAX runs
+on (kernels.resolve).
 """
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ import jax.numpy as jnp
 from jax import lax
 
 import kernels
-from kernels import cpu_backend
+from kernels import cpu_backend, fused_attention
 from model.cache import KVCache
 from model.config import TransformerConfig, as_dtype
 
 MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA attention
+# attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
+# TransformerConfig.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
+attention = fused_attention.attention
+
 
 def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                         dtype):
@@ -68,8 +73,9 @@ class Decoding:
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
   set of parameters from the [vocab, d_model] table: Transformer.decoding_weights), and decoder outputs
   [n, d_model] x those -> float32 logits.
-  beam_extensions: None, or how a beam search step picks its candidates, with the signature of
-  decode.beam_search.select_extensions.
+  beam_extensions: None, or a backend's kernel with the signature of decode.beam_search.select_extensions.
+  extensions: select_extensions -> what a search picks a step's candidates with (None: select_extensions
+  itself): the backend's kernel where the program is lowered for its platform, select_extensions elsewhere.
   layer_weights: None, or the decoder's parameters -> a dict of what else a step reads that depends on
   the parameters alone (joins the decoding memory, once per set of parameters).
   step_scope: the decoding memory -> the context the decoder's step runs in (a backend may intercept the
@@ -79,6 +85,7 @@ class Decoding:
   decoding_weights: Callable
   decoding_logits: Callable
   beam_extensions: Callable | None = None
+  extensions: Callable = lambda select_extensions: None
   layer_weights: Callable | None = None
   step_scope: Callable = lambda memory: contextlib.nullcontext()
 

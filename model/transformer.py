@@ -172,7 +172,7 @@ class Transformer(nn.Module):
 
   packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises
   one sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths
-  (and a causal flag) instead of a dense mask (model/fused_attention.py). Not a parameter: it never
+  (and a causal flag) instead of a dense mask (kernels/fused_attention.py). Not a parameter: it never
   changes what the model computes on batches that keep the promise."""
   cfg: TransformerConfig
   packed: bool = True
