@@ -102,15 +102,16 @@ def select_extensions(logits, alive_logp, mode, n, eos_id, top=top_extensions):
 
 @flax.struct.dataclass
 class BeamState:
-  """The search's loop state: b sentences, k hypotheses each, L steps at most."""
-  step: jax.Array         # int32 [], the position every hypothesis extends next
+  """The search's loop state: b sentences, k hypotheses each, L steps at most. (Fields in the order of
+  the dict this state was, so that the compiled loop is the same program.)"""
+  alive_logp: jax.Array   # float32 [b, k], the live hypotheses' log-probabilities, best first (NEG_INF: none)
+  alive_seq: jax.Array    # int32 [b, k, L], their tokens, 0 past step
   cache: Any              # the callback's cache, every array leaf [b * k, ...]
-  last: jax.Array         # int32 [b * k], every live hypothesis's last token (bos_id at first)
-  alive_seq: jax.Array    # int32 [b, k, L], the live hypotheses' tokens, 0 past step
-  alive_logp: jax.Array   # float32 [b, k], their log-probabilities, best first (NEG_INF: none)
-  done_seq: jax.Array     # int32 [b, k, L], the finished hypotheses' tokens, eos included
-  done_score: jax.Array   # float32 [b, k], their length-penalized scores, best first (NEG_INF: none)
+  done_score: jax.Array   # float32 [b, k], the finished hypotheses' length-penalized scores, best first
+  done_seq: jax.Array     # int32 [b, k, L], their tokens, eos included
   finished: jax.Array     # bool [b], whether the sentence's search has stopped
+  last: jax.Array         # int32 [b * k], every live hypothesis's last token (bos_id at first)
+  step: jax.Array         # int32 [], the position every hypothesis extends next
 
 
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,

@@ -72,13 +72,14 @@ def top_p_filter(logits, p):
 
 @flax.struct.dataclass
 class SampleState:
-  """The sampling loop's state: b rows, L steps at most."""
-  step: jax.Array    # int32 [], the position every row generates next
+  """The sampling loop's state: b rows, L steps at most. (Fields in the order of the dict this state
+  was, so that the compiled loop is the same program.)"""
   cache: Any         # the callback's cache, every array leaf [b, ...]
-  last: jax.Array    # int32 [b], the token fed to the next call (bos_id at first, eos_id once done)
-  seq: jax.Array     # int32 [b, L], the generated tokens, 0 after eos
-  score: jax.Array   # float32 [b], the sum of their log-probabilities
   done: jax.Array    # bool [b], whether the row has produced eos
+  last: jax.Array    # int32 [b], the token fed to the next call (bos_id at first, eos_id once done)
+  score: jax.Array   # float32 [b], the sum of the generated tokens' log-probabilities
+  seq: jax.Array     # int32 [b, L], the generated tokens, 0 after eos
+  step: jax.Array    # int32 [], the position every row generates next
 
 
 def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id, temperature=1.0, top_k=0,
