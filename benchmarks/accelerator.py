@@ -43,7 +43,7 @@ VOCAB = 32768
 # On a CPU: the two models at an eighth of the width and 2+2 layers, 1k tokens per step.
 CPU_SIZES = {"base": dict(d_model=64, d_ff=256, num_heads=8, num_encoder_layers=2, num_decoder_layers=2),
              "big": dict(d_model=128, d_ff=512, num_heads=16, num_encoder_layers=2, num_decoder_layers=2)}
-AUTO_ATTENTION = {"gpu": "cudnn", "tpu": "splash", "cpu": "xla"}   # model/fused_attention.py's `auto`
+AUTO_ATTENTION = {"gpu": "cudnn", "tpu": "splash", "cpu": "xla"}   # kernels/fused_attention.py's `auto`
 LOSS_CHUNK = 8192   # tokens per chunk and device of the loss: the WMT experiments' setting
 SWEEP = {"base": (8, 16, 32, 64), "big": (8, 16, 32)}   # thousands of target tokens per device
 CPU_SWEEP = {"base": (1, 2), "big": (1, 2)}

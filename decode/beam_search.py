@@ -23,14 +23,14 @@ max_len only eos is allowed, so every returned hypothesis ends in eos.
 """
 from __future__ import annotations
 
+from typing import Any
+
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu_decoding
-
 NEG_INF = -1.0e9   # finite, so that no arithmetic on a dead hypothesis makes a NaN
-CHUNK = 32         # tokens per chunk in top_extensions
 # What a sentence's next step may append (select_extensions' mode): any token; any but eos (before
 # min_len); only eos (its last step); nothing (finished, or past its limit).
 FREE, NO_EOS, ONLY_EOS, DEAD = 0, 1, 2, 3
@@ -71,69 +71,47 @@ def apply_repetition_penalty(logits, seq, length, penalty):
   return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
-def top_extensions(alive_logp, logp, dead, n, chunk=CHUNK):
-  """The n best extensions of every sentence: exactly jax.lax.top_k over the flattened [b, k * vocab]
-  scores total = where(dead, NEG_INF, alive_logp[:, :, None] + logp), ties to the lower flat index.
+def top_extensions(alive_logp, logp, dead, n):
+  """The n best extensions of every sentence: jax.lax.top_k over the flattened [b, k * vocab] scores
+  where(dead, NEG_INF, alive_logp[:, :, None] + logp), ties to the lower flat index.
 
   alive_logp float32 [b, k]; logp float32 [b, k, vocab]; dead bool [b]. Returns (values [b, n], flat
-  indices int32 [b, n]), best first.
-
-  Rather than one top-k over all b * k * vocab scores (XLA:CPU's TopK runs at about a nanosecond an
-  element, a third of a decoding step of the default model), it splits every vocabulary row into chunks
-  of `chunk` tokens, takes the n best chunks of a sentence by their maximum score, and runs the exact
-  top-k over those n * chunk scores only. Exact: an extension among the n best lies in one of the n best
-  chunks (a chunk ranking above its chunk holds an extension ranking above it, ties included, as chunks
-  are runs of consecutive indices), and rounding alive + x is monotone in x, so a chunk's best score is
-  alive + its best log-probability.
-  """
+  indices int32 [b, n]), best first."""
   b, k, vocab = logp.shape
-  chunks = -(-vocab // chunk)
-  if chunks <= n:        # a small vocabulary: nothing to prune
-    total = jnp.where(dead[:, None, None], NEG_INF, alive_logp[:, :, None] + logp)
-    values, idx = jax.lax.top_k(total.reshape(b, k * vocab), n)
-    return values, idx.astype(jnp.int32)
-  padded = chunks * chunk
-  if padded != vocab:    # pad every row to whole chunks with -inf, which no real score ties
-    logp = jnp.pad(logp, ((0, 0), (0, 0), (0, padded - vocab)), constant_values=-jnp.inf)
-  logp = logp.reshape(b, k, chunks, chunk)
-  best = alive_logp[:, :, None] + jnp.max(logp, axis=-1)                     # [b, k, chunks]
-  best = jnp.where(dead[:, None], NEG_INF, best.reshape(b, k * chunks))
-  _, picked = jax.lax.top_k(best, n)
-  picked = jnp.sort(picked, axis=-1)           # in index order, so that ties still go to the lower index
-  scores = jnp.take_along_axis(logp.reshape(b, k * chunks, chunk), picked[:, :, None], axis=1)
-  alive = jnp.take_along_axis(alive_logp, picked // chunks, axis=1)          # [b, n]: each chunk's parent
-  scores = jnp.where(dead[:, None, None], NEG_INF, alive[:, :, None] + scores)   # [b, n, chunk]
-  values, pos = jax.lax.top_k(scores.reshape(b, n * chunk), n)
-  chunk_id = jnp.take_along_axis(picked, pos // chunk, axis=1)                # [b, n] in k * chunks
-  parent, within = chunk_id // chunks, (chunk_id % chunks) * chunk + pos % chunk
-  return values, (parent * vocab + within).astype(jnp.int32)
+  total = jnp.where(dead[:, None, None], NEG_INF, alive_logp[:, :, None] + logp)   # [b, k, vocab]
+  values, idx = jax.lax.top_k(total.reshape(b, k * vocab), n)
+  return values, idx.astype(jnp.int32)
 
 
-def select_extensions(logits, alive_logp, mode, n, eos_id):
+def select_extensions(logits, alive_logp, mode, n, eos_id, top=top_extensions):
   """The n best extensions of every sentence by log-probability so far.
 
   logits float32 [b, k, vocab]; alive_logp float32 [b, k]; mode int32 [b]: FREE, NO_EOS (eos gets
   NEG_INF), ONLY_EOS (every other token gets NEG_INF) or DEAD (every extension NEG_INF). Scores are
   alive_logp + log_softmax(logits); returns (values float32 [b, n], flat indices int32 [b, n] into
-  k * vocab), best first, ties to the lower index. kernels/cpu_decoding.beam_extensions computes the same
-  in one custom call.
+  k * vocab), best first, ties to the lower index. top: top_extensions, or a function that computes
+  the same (a decoding backend's, model/ops.py's Decoding.extensions).
   """
   vocab = logits.shape[-1]
   logp = jax.nn.log_softmax(logits, axis=-1)
   is_eos = jnp.arange(vocab) == eos_id
   m = mode[:, None, None]
   logp = jnp.where(((m == ONLY_EOS) & ~is_eos) | ((m == NO_EOS) & is_eos), NEG_INF, logp)
-  return top_extensions(alive_logp, logp, mode == DEAD, n)
+  return top(alive_logp, logp, mode == DEAD, n)
 
 
-def on_cpu(kernel):
-  """`kernel`, a CPU custom call with select_extensions' signature (model.ops.decoding_for's
-  beam_extensions), where the program is lowered for a CPU, and select_extensions on every other
-  platform; None stays None (the searches then use their XLA ops)."""
-  if kernel is None:
-    return None
-  return lambda logits, alive_logp, mode, n, eos_id: cpu_decoding.on_cpu(
-      kernel, select_extensions, logits, alive_logp, mode, n=n, eos_id=eos_id)
+@flax.struct.dataclass
+class BeamState:
+  """The search's loop state: b sentences, k hypotheses each, L steps at most. (Fields in the order of
+  the dict this state was, so that the compiled loop is the same program.)"""
+  alive_logp: jax.Array   # float32 [b, k], the live hypotheses' log-probabilities, best first (NEG_INF: none)
+  alive_seq: jax.Array    # int32 [b, k, L], their tokens, 0 past step
+  cache: Any              # the callback's cache, every array leaf [b * k, ...]
+  done_score: jax.Array   # float32 [b, k], the finished hypotheses' length-penalized scores, best first
+  done_seq: jax.Array     # int32 [b, k, L], their tokens, eos included
+  finished: jax.Array     # bool [b], whether the sentence's search has stopped
+  last: jax.Array         # int32 [b * k], every live hypothesis's last token (bos_id at first)
+  step: jax.Array         # int32 [], the position every hypothesis extends next
 
 
 def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_id, bos_id, alpha=0.6,
@@ -145,8 +123,8 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   (except at a sentence's limit, where only eos is). reorder: see the module docstring (default: gather
   every leaf by parent row). repetition_penalty: as in decode/sampling.py (CTRL's), applied to each
   hypothesis's logits for the tokens it has generated; 1.0 is off. extensions: how a step picks its
-  candidates, a function with select_extensions' signature and results (model/ops.py's beam_extensions,
-  a C++ kernel on the CPU); None is select_extensions.
+  candidates, a function with select_extensions' signature and results (model/ops.py's
+  Decoding.extensions, a backend's); None is select_extensions.
   sequences hold the generated tokens (bos excluded, eos included, 0 after it). A sentence whose search
   found fewer than k finished hypotheses (a tiny vocabulary) fills the rest with score NEG_INF.
   """
@@ -163,7 +141,7 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
   # The best penalty a live hypothesis can still reach: the largest one up to its sentence's limit.
   best_penalty = (length_penalty(limits, alpha) if alpha >= 0 else jnp.ones((b,)))
 
-  state = dict(
+  state = BeamState(
       step=jnp.zeros((), jnp.int32),
       cache=tile_beams(cache, k),
       last=jnp.full((b * k,), bos_id, jnp.int32),
@@ -175,34 +153,34 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
       finished=jnp.zeros((b,), bool),
   )
 
-  def cond(s):
-    return (s["step"] < steps) & ~jnp.all(s["finished"])
+  def cond(s: BeamState):
+    return (s.step < steps) & ~jnp.all(s.finished)
 
-  def body(s):
-    i = s["step"]
-    logits, cache = tokens_to_logits(s["last"], s["cache"])
+  def body(s: BeamState) -> BeamState:
+    i = s.step
+    logits, cache = tokens_to_logits(s.last, s.cache)
     if repetition_penalty != 1.0:
-      logits = apply_repetition_penalty(logits.astype(jnp.float32), s["alive_seq"].reshape(b * k, steps),
+      logits = apply_repetition_penalty(logits.astype(jnp.float32), s.alive_seq.reshape(b * k, steps),
                                         i, repetition_penalty)
     vocab = logits.shape[-1]
     # A finished sentence (or one past its limit) extends nothing; at its limit it may only end; the
     # limit wins over min_len, so every hypothesis ends in eos.
-    mode = jnp.where(s["finished"] | (i >= limits), DEAD,
+    mode = jnp.where(s.finished | (i >= limits), DEAD,
                      jnp.where(i + 1 >= limits, ONLY_EOS, jnp.where(i < min_len, NO_EOS, FREE)))
     n_cand = min(2 * k, k * vocab)
-    cand_logp, cand_idx = extensions(logits.astype(jnp.float32).reshape(b, k, vocab), s["alive_logp"],
+    cand_logp, cand_idx = extensions(logits.astype(jnp.float32).reshape(b, k, vocab), s.alive_logp,
                                      mode, n_cand, eos_id)                     # [b, 2k], best first
     parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)
     cand_eos = token == eos_id
-    cand_seq = jnp.take_along_axis(s["alive_seq"], parent[:, :, None], axis=1)
+    cand_seq = jnp.take_along_axis(s.alive_seq, parent[:, :, None], axis=1)
     cand_seq = cand_seq.at[:, :, i].set(token)
 
     # Finished: eos among the first k candidates, scored with the length penalty, merged by score.
     first_k = jnp.arange(n_cand) < k
     new_done = jnp.where(cand_eos & first_k & (cand_logp > NEG_INF / 2),
                          cand_logp / length_penalty(i + 1, alpha), NEG_INF)
-    all_score = jnp.concatenate([s["done_score"], new_done], axis=1)
-    all_seq = jnp.concatenate([s["done_seq"], cand_seq], axis=1)
+    all_score = jnp.concatenate([s.done_score, new_done], axis=1)
+    all_seq = jnp.concatenate([s.done_seq, cand_seq], axis=1)
     done_score, pick = jax.lax.top_k(all_score, k)
     done_seq = jnp.take_along_axis(all_seq, pick[:, :, None], axis=1)
 
@@ -217,10 +195,10 @@ def beam_search(tokens_to_logits, cache, *, batch_size, beam_size, max_len, eos_
 
     # Stop a sentence when its best live hypothesis cannot beat its k-th finished one.
     bound = alive_logp[:, 0] / best_penalty
-    finished = (s["finished"] | (done_score[:, -1] >= bound) | (i + 1 >= limits)
+    finished = (s.finished | (done_score[:, -1] >= bound) | (i + 1 >= limits)
                 | (alive_logp[:, 0] <= NEG_INF / 2))
-    return dict(step=i + 1, cache=cache, last=alive_token.reshape(b * k), alive_seq=alive_seq,
-                alive_logp=alive_logp, done_seq=done_seq, done_score=done_score, finished=finished)
+    return BeamState(step=i + 1, cache=cache, last=alive_token.reshape(b * k), alive_seq=alive_seq,
+                     alive_logp=alive_logp, done_seq=done_seq, done_score=done_score, finished=finished)
 
   out = jax.lax.while_loop(cond, body, state)
-  return out["done_seq"], out["done_score"]
+  return out.done_seq, out.done_score

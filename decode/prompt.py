@@ -78,7 +78,7 @@ def prompt_search(model, params, prompt, *, beam_size=4, max_len=20, alpha=0.6, 
   return beam_search(tokens_to_logits, cache, batch_size=prompt.shape[0], beam_size=beam_size,
                      max_len=max_len, eos_id=EOS, bos_id=0, alpha=alpha,
                      repetition_penalty=repetition_penalty,
-                     extensions=beam_lib.on_cpu(decoding_for(model.cfg).beam_extensions))
+                     extensions=decoding_for(model.cfg).extensions(beam_lib.select_extensions))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k", "top_p",
@@ -91,4 +91,4 @@ def prompt_sample(model, params, prompt, rng, *, max_len=20, temperature=1.0, to
   return sample(tokens_to_logits, cache, rng, batch_size=prompt.shape[0], max_len=max_len, eos_id=EOS,
                 bos_id=0, temperature=temperature, top_k=top_k, top_p=top_p,
                 repetition_penalty=repetition_penalty,
-                extensions=beam_lib.on_cpu(decoding_for(model.cfg).beam_extensions))
+                extensions=decoding_for(model.cfg).extensions(beam_lib.select_extensions))

@@ -26,6 +26,9 @@ row has finished. The sampling settings are Python numbers (static under jit).
 """
 from __future__ import annotations
 
+from typing import Any
+
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -67,6 +70,18 @@ def top_p_filter(logits, p):
   return jnp.where(keep, logits, -jnp.inf)
 
 
+@flax.struct.dataclass
+class SampleState:
+  """The sampling loop's state: b rows, L steps at most. (Fields in the order of the dict this state
+  was, so that the compiled loop is the same program.)"""
+  cache: Any         # the callback's cache, every array leaf [b, ...]
+  done: jax.Array    # bool [b], whether the row has produced eos
+  last: jax.Array    # int32 [b], the token fed to the next call (bos_id at first, eos_id once done)
+  score: jax.Array   # float32 [b], the sum of the generated tokens' log-probabilities
+  seq: jax.Array     # int32 [b, L], the generated tokens, 0 after eos
+  step: jax.Array    # int32 [], the position every row generates next
+
+
 def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id, temperature=1.0, top_k=0,
            top_p=1.0, repetition_penalty=1.0, min_len=0, max_steps=None, extensions=None):
   """Returns (sequences int32 [b, L], scores float32 [b]); see the module docstring.
@@ -75,7 +90,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
   as 1); L is its maximum, or max_steps when max_len is traced. min_len: eos is not allowed before min_len
   tokens (the forced eos at max_len wins). temperature 0 is greedy and needs no rng. top_k 0 and top_p 1.0
   are off; repetition_penalty 1.0 is off. extensions: a function with the signature of
-  decode.beam_search.select_extensions (model/ops.py's beam_extensions, a C++ kernel on the CPU); given,
+  decode.beam_search.select_extensions (model/ops.py's Decoding.extensions, a backend's); given,
   greedy decoding without a repetition penalty takes each step's token and its log-probability from it,
   one hypothesis per row, instead of from the XLA ops below (the same token: the first maximum).
   rng: a key (jax.random.key) for the batch, or keys [b], one per row.
@@ -93,21 +108,16 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     raise ValueError(f"sample: rng must be one key or {b} keys, one per row (got shape {jnp.shape(rng)})")
   limits = jnp.clip(jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (b,)), 1, steps)
 
-  state = dict(
-      step=jnp.zeros((), jnp.int32),
-      cache=cache,
-      last=jnp.full((b,), bos_id, jnp.int32),   # [b] the token fed to the next call
-      seq=jnp.zeros((b, steps), jnp.int32),     # [b, L]
-      score=jnp.zeros((b,), jnp.float32),       # [b]
-      done=jnp.zeros((b,), bool),               # [b] the row has produced eos
-  )
+  state = SampleState(step=jnp.zeros((), jnp.int32), cache=cache, last=jnp.full((b,), bos_id, jnp.int32),
+                      seq=jnp.zeros((b, steps), jnp.int32), score=jnp.zeros((b,), jnp.float32),
+                      done=jnp.zeros((b,), bool))
 
-  def cond(s):
-    return (s["step"] < steps) & ~jnp.all(s["done"])
+  def cond(s: SampleState):
+    return (s.step < steps) & ~jnp.all(s.done)
 
-  def body(s):
-    i = s["step"]
-    logits, cache = tokens_to_logits(s["last"], s["cache"])
+  def body(s: SampleState) -> SampleState:
+    i = s.step
+    logits, cache = tokens_to_logits(s.last, s.cache)
     logits = logits.astype(jnp.float32)                          # [b, vocab]
     if temperature == 0 and repetition_penalty == 1.0 and extensions is not None:
       mode = jnp.where(i + 1 >= limits, ONLY_EOS, jnp.where(i < min_len, NO_EOS, FREE))   # [b]
@@ -115,7 +125,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
       return advance(s, cache, index[:, 0], values[:, 0])
     logp = jax.nn.log_softmax(logits, axis=-1)                   # the score is under the raw model
     if repetition_penalty != 1.0:
-      logits = apply_repetition_penalty(logits, s["seq"], i, repetition_penalty)
+      logits = apply_repetition_penalty(logits, s.seq, i, repetition_penalty)
     is_eos = jnp.arange(logits.shape[-1]) == eos_id              # [vocab]
     at_limit = (i + 1 >= limits)[:, None]                        # [b, 1]
     logits = jnp.where((i < min_len) & ~at_limit & is_eos, -jnp.inf, logits)
@@ -128,14 +138,14 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     token_logp = jnp.take_along_axis(logp, token[:, None].astype(jnp.int32), axis=-1)[:, 0]
     return advance(s, cache, token, token_logp)
 
-  def advance(s, cache, token, token_logp):
+  def advance(s: SampleState, cache, token, token_logp) -> SampleState:
     """The state after appending token int32 [b], of log-probability token_logp [b], to every row."""
-    i = s["step"]
-    token = jnp.where(s["done"], 0, token.astype(jnp.int32))     # [b]
-    done = s["done"] | (token == eos_id)
-    return dict(step=i + 1, cache=cache, last=jnp.where(done, eos_id, token),
-                seq=s["seq"].at[:, i].set(token),
-                score=s["score"] + jnp.where(s["done"], 0.0, token_logp), done=done)
+    i = s.step
+    token = jnp.where(s.done, 0, token.astype(jnp.int32))        # [b]
+    done = s.done | (token == eos_id)
+    return SampleState(step=i + 1, cache=cache, last=jnp.where(done, eos_id, token),
+                       seq=s.seq.at[:, i].set(token), score=s.score + jnp.where(s.done, 0.0, token_logp),
+                       done=done)
 
   def draw(rng, i, logits):
     """Tokens int32 [b] from logits [b, vocab], with the step i folded into the batch's or each row's key."""
@@ -144,7 +154,7 @@ def sample(tokens_to_logits, cache, rng, *, batch_size, max_len, eos_id, bos_id,
     return jax.vmap(lambda key, row: jax.random.categorical(jax.random.fold_in(key, i), row))(rng, logits)
 
   out = jax.lax.while_loop(cond, body, state)
-  return out["seq"], out["score"]
+  return out.seq, out.score
 
 
 def greedy(tokens_to_logits, cache, *, batch_size, max_len, eos_id, bos_id, min_len=0, repetition_penalty=1.0,

@@ -70,9 +70,9 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   """
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
-  # How beam search picks a step's candidates, and greedy its token: the C++ kernel on the CPU path (None
-  # elsewhere: XLA ops).
-  fast = beam_lib.on_cpu(decoding_for(cfg).beam_extensions)
+  # How beam search picks a step's candidates, and greedy its token: the decoding backend's (a C++ kernel
+  # on the CPU path; None elsewhere: XLA ops).
+  fast = decoding_for(cfg).extensions(beam_lib.select_extensions)
 
   def encoded(params, src, weights):
     """The encoder-decoder's callback and cache: the encoder runs once per batch."""

@@ -1,13 +1,19 @@
-"""Fast paths for XLA:CPU beside the plain model: same results as model/ and train/loss.py, laid out for
-one compiler. Each module holds one fast path and knows nothing about the Transformer; model/ops.py
-plugs them in (the way Flax plugs fp8 matmuls into Dense through `dot_general`) when
-TransformerConfig.kernels chooses them. For every pass (model.ops.ops_for):
+"""Fast paths beside the plain model: same results as model/ and train/loss.py, laid out for one compiler.
+Each module holds one fast path and knows nothing about the Transformer. model/ops.py is the one module
+of model/ that reaches them (tests/test_imports.py holds it to that), through two:
+
+  cpu_backend      what TransformerConfig.kernels="cpu" plugs in, for every pass (`layer_ops`) and for
+                   decoding (`decoding`): the modules below, which nothing else in model/ names
+  fused_attention  cuDNN's and Pallas splash's fused attention for the teacher-forced passes, chosen by
+                   TransformerConfig.attention_impl
+
+For every pass on a CPU (cpu_backend.layer_ops):
 
   mixed_matmul   bfloat16-operand matmuls with float32 accumulation, custom gradient (mixed precision)
   flat_matmul    float32 dense layers with several contracted or output axes as one 2-D matmul
   dropout16      dropout drawing 16 random bits per element instead of 32
 
-The CPU decoding backend, which only decoding on a CPU uses (model.ops.decoding_for):
+The CPU decoding backend, which only decoding on a CPU uses (cpu_backend.decoding):
 
   decode_cache   head-major decoding caches stored in the matmul dtype, and beam-slot caches that beam
                  search never copies
@@ -16,13 +22,14 @@ The CPU decoding backend, which only decoding on a CPU uses (model.ops.decoding_
   cpu_decoding   the decoding step's attention, panel products and beam search's choice of candidates,
                  as C++ custom calls (built on first use; in a program lowered for another platform, the
                  XLA ops that compute the same)
+  beam_top_k     beam search's top-k over every extension, pruned by chunks (where the C++ did not build)
 
 One module is not a layer's piece but a setting of the process, called by `python -m train` before it
 imports JAX:
 
   host_memory    glibc's malloc set to keep the buffers XLA:CPU frees after each step
 
-Every one was measured faster on XLA:CPU only (docs/performance.md); on GPU and TPU their optimization
+Every CPU one was measured faster on XLA:CPU only (docs/performance.md); on GPU and TPU their optimization
 barriers and layouts would block fusion, so "auto" picks the reference there.
 """
 from __future__ import annotations

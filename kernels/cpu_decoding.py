@@ -7,8 +7,8 @@ beam search's choice of candidates.
     y = cpu_decoding.panel_matmul(x, panels, columns)             # x times panels (kernels/output_layer.py)
     values, index = cpu_decoding.beam_extensions(logits, alive_logp, mode, n, eos_id)
 
-Only decoding on a CPU uses them (model/ops.py's decoding_for, with kernels "cpu", or "auto" on a CPU
-host): nothing here runs at import, model.init or in training. The library is built and registered the
+Only decoding on a CPU uses them (kernels/cpu_backend.py's decoding, with kernels "cpu", or "auto" on a
+CPU host): nothing here runs at import, model.init or in training. The library is built and registered the
 first time a decoding program is traced (`available()`), and every call goes through `on_cpu`, so the
 custom call is in the program only where it is lowered for a CPU; a program lowered for a GPU or TPU
 (jax.export from a CPU host included) carries the XLA ops that compute the same instead.

@@ -7,7 +7,7 @@ rounded to the matmul dtype), the per-step matmul reads it as it lies.
 With the C++ kernels (float32), the table is laid out instead as the panels that
 kernels/cpu_decoding.py's panel_matmul reads: a decoding step has a few rows (a device's sentences
 times the beam), and XLA's dot streams an 8,000-column table slowly for so few. The decoder's other
-kernels are laid out the same way (kernel_panels, model/dense.py).
+kernels are laid out the same way (kernel_panels, kernels/cpu_backend.py).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def decoding_panels(table):
 
 
 def kernel_panels(kernel):
-  """A dense layer's kernel [d_in, d_out] as the panels of x @ kernel (model/dense.py's decoding path)."""
+  """A dense layer's kernel [d_in, d_out] as the panels of x @ kernel (kernels/cpu_backend.py)."""
   return decoding_panels(jnp.swapaxes(kernel, 0, 1))
 
 

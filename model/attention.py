@@ -12,16 +12,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from kernels import MASKED
-from model import fused_attention
+from model import ops
 from model import positions as positions_lib
-from model.dense import DenseGeneral
 
 
 @flax.struct.dataclass
 class PackedMask:
   """The mask of a teacher-forced pass with what it was built from, so that a fused kernel can read the
-  segment ids (model/fused_attention.py) where the plain attention reads the dense mask.
+  segment ids (kernels/fused_attention.py) where the plain attention reads the dense mask.
 
   dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
   whether a query also sees no later key; packed: whether a row may hold several sequences (False: one
@@ -66,7 +64,7 @@ def causal_mask(length: int) -> jax.Array:
 
 def attention_weights(q, k, mask, bias=None, dot_general=None):
   """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the one softmax of the
-  plain attention (kernels/decode_cache.py and the C++ decoding kernels have their own layouts' own).
+  plain attention.
 
   q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
   key/value head serving h/g consecutive query heads); mask: bool broadcastable to [b, h, q_len, kv_len]
@@ -80,7 +78,7 @@ def attention_weights(q, k, mask, bias=None, dot_general=None):
   if bias is not None:
     logits = logits + bias
   if mask is not None:
-    logits = jnp.where(mask, logits, MASKED)
+    logits = jnp.where(mask, logits, ops.MASKED)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -120,10 +118,10 @@ class MultiHeadAttention(nn.Module):
   dropout_cls: Any = nn.Dropout
   num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
   rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
-  impl: str = "xla"                 # TransformerConfig.attention_impl (model/fused_attention.py)
+  impl: str = "xla"                 # TransformerConfig.attention_impl (model/ops.py's attention)
 
   def setup(self):
-    dense = lambda features, axis=-1: DenseGeneral(
+    dense = lambda features, axis=-1: nn.DenseGeneral(
         features, axis=axis, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=self.dot_general)
     self.query = dense((self.num_heads, self.d_k))
@@ -133,24 +131,16 @@ class MultiHeadAttention(nn.Module):
     self.out = dense(self.d_model, axis=(-2, -1))
     self.weights_dropout = self.dropout_cls(self.dropout_rate)
 
-  def project_kv(self, memory, positions=None, panels=None):
+  def project_kv(self, memory, positions=None):
     """memory [b, kv_len, d_model] -> (keys [b, kv_len, g, d_k], values [b, kv_len, g, d_v]), g the
-    key/value heads; with rope, keys are rotated by positions int [b, kv_len]. panels: None, or the
-    kernels laid out for a decoding step (`decoding_panels`)."""
-    panels = panels or {}
-    k = self.key(memory, panels.get("key"))
-    return (positions_lib.rope(k, positions) if self.rope else k), self.value(memory, panels.get("value"))
+    key/value heads; with rope, keys are rotated by positions int [b, kv_len]."""
+    k = self.key(memory)
+    return (positions_lib.rope(k, positions) if self.rope else k), self.value(memory)
 
-  def project_q(self, x, positions=None, panels=None):
+  def project_q(self, x, positions=None):
     """x [b, q_len, d_model] -> queries [b, q_len, h, d_k] (with rope, rotated by positions)."""
-    q = self.query(x, (panels or {}).get("query"))
+    q = self.query(x)
     return positions_lib.rope(q, positions) if self.rope else q
-
-  def decoding_panels(self, layout, cross: bool = False):
-    """The projections a decoding step runs, laid out by `layout` (model/dense.py): {name: panels}.
-    Cross-attention's keys and values are computed once per batch, so they keep their kernels."""
-    names = ("query", "out") if cross else ("query", "key", "value", "out")
-    return {name: getattr(self, name).decoding_panels(layout) for name in names}
 
   def heads(self, q, k, v, mask, deterministic=True, bias=None):
     """Queries [b, q, h, d_k] against keys [b, kv, g, d_k] and values [b, kv, g, d_v] -> [b, q, h, d_v]."""
@@ -165,7 +155,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias)
     if not isinstance(mask, PackedMask):   # a decoding step: one query against the cache
       return reference(q, k, v, mask, bias)
-    return fused_attention.attention(self.impl, q, k, v, mask, bias, dropout is not None,
+    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None,
                                      reference).astype(self.dtype)
 
   def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):

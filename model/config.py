@@ -17,7 +17,7 @@ ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative")
 ACTIVATIONS = ("relu", "gelu", "swish", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")   # model/fused_attention.py
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash")   # kernels/fused_attention.py
 REMATS = ("none", "minimal", "full")   # model/stack.py: what the backward pass recomputes per layer
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

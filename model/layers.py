@@ -5,12 +5,14 @@ Pre-norm (switch):     x = x + Dropout(Sublayer(LayerNorm(x))), with a final Lay
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import flax.linen as nn
 import jax
 
 from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
-from model.dense import Dense
 from model.ops import ops_for
 
 
@@ -24,22 +26,17 @@ class FeedForward(nn.Module):
   cfg: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, deterministic=True, panels=None):
-    """x [b, len, d_model] -> [b, len, d_model]; panels: None, or the kernels laid out for a decoding
-    step (`decoding_panels`)."""
-    cfg, ops, panels = self.cfg, ops_for(self.cfg), panels or {}
-    dense = lambda n, name, x: Dense(n, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
-                                     kernel_init=nn.initializers.xavier_uniform(),
-                                     dot_general=ops.dot_general, name=name)(x, panels.get(name))
+  def __call__(self, x, deterministic=True):
+    """x [b, len, d_model] -> [b, len, d_model]."""
+    cfg, ops = self.cfg, ops_for(self.cfg)
+    dense = lambda n, name, x: nn.Dense(n, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
+                                        kernel_init=nn.initializers.xavier_uniform(),
+                                        dot_general=ops.dot_general, name=name)(x)
     h = _ACTIVATIONS[cfg.activation](dense(cfg.d_ff, "wi", x))   # [b, len, d_ff]
     if cfg.activation in ("swiglu", "geglu"):
       h = h * dense(cfg.d_ff, "wi_linear", x)
     h = ops.dropout(cfg.relu_dropout_rate, name="Dropout_0")(h, deterministic=deterministic)
     return dense(cfg.d_model, "wo", h)                    # [b, len, d_model]
-
-  def decoding_panels(self, layout):
-    """Each kernel [d_in, d_out] laid out by `layout` (model/dense.py): {name: panels}."""
-    return {name: layout(p["kernel"]) for name, p in self.variables["params"].items()}
 
 
 def _attention(cfg: TransformerConfig, cross: bool = False):
@@ -92,6 +89,18 @@ class EncoderLayer(nn.Module):
     return self.residual_ffn(x, lambda y: self.ffn(y, deterministic), deterministic)
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """What every decoder layer of one decoding step reads besides its input and its own cache."""
+  index: jax.Array                    # int32 [], the position being decoded (all rows in lockstep)
+  kv: Any                             # the decoding cache object (model/cache.py's KVCache methods)
+  context: Any                        # kv.start_step's, for kv.attend_self
+  positions: jax.Array                # int32 [n, 1], each row's position (rope)
+  src_mask: jax.Array | None = None   # bool [b, src_len]; None without cross-attention
+  bias: jax.Array | None = None       # float32 [n, h, 1, L] over the cache's positions (alibi, relative)
+  key_mask: jax.Array | None = None   # bool [n, 1, 1, L]: False on a decoder-only prompt's left padding
+
+
 class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN.
 
@@ -136,52 +145,39 @@ class DecoderLayer(nn.Module):
     x = self.residual_self(x, self_attend)
     return self.residual_ffn(x, self.ffn), new
 
-  def step(self, x, layer_cache, index, cross, src_mask, kv, context, positions=None, bias=None,
-           key_mask=None, panels=None):
+  def step(self, x, layer_cache, cross, step: Step):
     """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
 
     x: [n, 1, d_model], the embedded current tokens; layer_cache: this layer's part of the decoding
-    cache; index: int32 scalar, the position being decoded (all rows decode in lockstep);
-    cross: this layer's cross-attention keys and values from `kv.prepare_cross`; src_mask: bool
-    [b, src_len]; kv: the decoding cache object (model/cache.py); context: from its `start_step`.
-    The position switches: positions int [n, 1] (rope), bias float [n, h, 1, L] over the cache's
-    positions, key_mask bool [n, 1, 1, L] (a decoder-only prompt's left padding).
-    panels: None, or this layer's kernels laid out for the step (`decoding_panels`).
-    Returns (y [n, 1, d_model], new layer_cache).
+    cache; cross: this layer's cross-attention keys and values from `step.kv.prepare_cross` (None
+    without cross-attention); step: what every layer of the step reads. Returns (y [n, 1, d_model], new
+    layer_cache).
     """
-    new_cache, panels = {}, panels or {}
-    own, other = panels.get("self_attention", {}), panels.get("cross_attention", {})
+    new_cache, kv = {}, step.kv
     attend = self.self_attention.heads
-    if bias is not None or key_mask is not None:
+    if step.bias is not None or step.key_mask is not None:
       def attend(q, k, v, mask):
-        mask = mask if key_mask is None else mask & key_mask
-        return self.self_attention.heads(q, k, v, mask, bias=bias)
+        mask = mask if step.key_mask is None else mask & step.key_mask
+        return self.self_attention.heads(q, k, v, mask, bias=step.bias)
 
     def self_attend(y):
-      k_new, v_new = self.self_attention.project_kv(y, positions, own)      # [n, 1, g, d]
-      q = self.self_attention.project_q(y, positions, own)                  # [n, 1, h, d_k]
-      heads, new_cache["layer"] = kv.attend_self(attend, q, k_new, v_new, layer_cache, index, context)
-      return self.self_attention.out(heads, own.get("out")).reshape(y.shape)
+      k_new, v_new = self.self_attention.project_kv(y, step.positions)      # [n, 1, g, d]
+      q = self.self_attention.project_q(y, step.positions)                  # [n, 1, h, d_k]
+      heads, new_cache["layer"] = kv.attend_self(attend, q, k_new, v_new, layer_cache, step.index,
+                                                 step.context)
+      return self.self_attention.out(heads).reshape(y.shape)
 
     def cross_attend(y):
       keys, values = cross
-      b, n = src_mask.shape[0], y.shape[0]
-      q = self.cross_attention.project_q(y, panels=other).reshape(
+      b, n = step.src_mask.shape[0], y.shape[0]
+      q = self.cross_attention.project_q(y).reshape(
           b, n // b, self.cfg.num_heads, self.cfg.head_dim_k)           # [b, k, h, d_k]
-      mask = src_mask[:, None, None, :]                                 # [b, 1, 1, src_len]
+      mask = step.src_mask[:, None, None, :]                            # [b, 1, 1, src_len]
       heads = kv.attend_cross(self.cross_attention.heads, q, keys, values, mask)   # [b, k, h, d_v]
-      return self.cross_attention.out(heads, other.get("out")).reshape(n, 1, -1)
+      return self.cross_attention.out(heads).reshape(n, 1, -1)
 
     x = self.residual_self(x, self_attend)
     if self.has_cross:
       x = self.residual_cross(x, cross_attend)
-    x = self.residual_ffn(x, lambda y: self.ffn(y, panels=panels.get("ffn")))
+    x = self.residual_ffn(x, self.ffn)
     return x, new_cache["layer"]
-
-  def decoding_panels(self, layout):
-    """The kernels `step` multiplies by, laid out by `layout` (model/dense.py): the `panels` of step."""
-    panels = {"self_attention": self.self_attention.decoding_panels(layout),
-              "ffn": self.ffn.decoding_panels(layout)}
-    if self.has_cross:
-      panels["cross_attention"] = self.cross_attention.decoding_panels(layout, cross=True)
-    return panels

@@ -1,25 +1,19 @@
-"""What the layers compute with, and what decoding runs on: the plain reference operations, or the
-kernels/ fast paths.
+"""What the layers compute with, and what decoding runs on: the plain operations, or a backend's.
 
-TransformerConfig.kernels chooses, here: "reference" uses the plain pieces below and model/cache.py;
-"cpu" plugs in the XLA:CPU fast paths of kernels/ (same results, see tests/test_kernels.py); "auto" picks
-"cpu" in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and
-eval steps resolve "auto" where the program is lowered (`on_lowering_platform`, jax.lax.platform_dependent):
+This module is model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers read
+what they compute with from `ops_for`, the teacher-forced attention from `attention`, and decoding what
+it runs on from `decoding_for`; none knows which backend filled them in. TransformerConfig.kernels
+chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is kernels/cpu_backend.py, the
+XLA:CPU fast paths (same results: tests/test_kernels.py, tests/test_cpu_decoding.py); "auto" picks "cpu"
+in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and eval
+steps resolve "auto" where the program is lowered (`on_lowering_platform`, jax.lax.platform_dependent):
 a step exported from this CPU host for "cuda" is exactly the step a GPU host traces with "reference".
 Decoding, whose cache layout is chosen before anything is traced, resolves it from the devices JAX runs
-on (kernels.resolve). The layers receive the chosen pieces as arguments (a `dot_general` for their
-matmuls, a dropout module class), so they read the same either way.
-
-Two choices: `ops_for` (what every pass computes with: training, evaluation, decoding) and
-`decoding_for` (what decoding alone runs on: the cache, the output layer's weights, the decoder's
-kernels as panels and beam search's choice of candidates). With "cpu" the latter is the CPU decoding
-backend: kernels/decode_cache.py's caches and, in float32, kernels/cpu_decoding.py's C++ kernels, which
-are built the first time `decoding_for` is asked for them, never by model.init or training. Every C++
-call is chosen where the program is lowered (cpu_decoding.on_cpu), so a decoding program lowered for a
-GPU or TPU carries XLA ops in their place.
+on (kernels.resolve).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -29,9 +23,14 @@ import jax.numpy as jnp
 from jax import lax
 
 import kernels
-from kernels import cpu_decoding, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
+from kernels import cpu_backend, fused_attention
 from model.cache import KVCache
 from model.config import TransformerConfig, as_dtype
+
+MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA attention
+# attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
+# TransformerConfig.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
+attention = fused_attention.attention
 
 
 def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
@@ -46,8 +45,7 @@ def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_e
 class Ops:
   """The pieces the layers are built from.
 
-  dot_general: for every matmul (None: lax.dot_general in the compute dtype). The CPU path sets
-  kernels.flat_matmul's in float32 and kernels.mixed_matmul's for mixed precision.
+  dot_general: for every matmul (None: lax.dot_general in the compute dtype).
   dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
   fused_loss: whether train/ fuses the output layer with the loss (train/chunked_loss.py): every
   architecture with a decoder, on every path; the masked LM's head keeps full logits.
@@ -69,22 +67,27 @@ class Ops:
 
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-  """What incremental decoding runs on.
+  """What incremental decoding runs on; a backend replaces the pieces it runs faster.
 
-  cache: beam_slots -> the decoding cache (model.cache.KVCache's methods).
+  cache: beam_slots -> the decoding cache object (model.cache.KVCache's methods).
   decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
   set of parameters from the [vocab, d_model] table: Transformer.decoding_weights), and decoder outputs
   [n, d_model] x those -> float32 logits.
-  layer_panels: None, or how a decoding step's other kernels are laid out once per set of parameters
-  ([d_in, d_out] -> panels, model/dense.py): the C++ path in float32, like the output layer's weights.
-  beam_extensions: how a beam search step picks its candidates (decode.beam_search.select_extensions'
-  signature): None for the XLA ops, kernels/cpu_decoding.beam_extensions's custom call on the CPU path.
+  beam_extensions: None, or a backend's kernel with the signature of decode.beam_search.select_extensions.
+  extensions: select_extensions -> what a search picks a step's candidates with (None: select_extensions
+  itself): the backend's kernel where the program is lowered for its platform, select_extensions elsewhere.
+  layer_weights: None, or the decoder's parameters -> a dict of what else a step reads that depends on
+  the parameters alone (joins the decoding memory, once per set of parameters).
+  step_scope: the decoding memory -> the context the decoder's step runs in (a backend may intercept the
+  layers' calls there, nn.intercept_methods; the plain one changes nothing).
   """
   cache: Callable[[bool], Any]
   decoding_weights: Callable
   decoding_logits: Callable
   beam_extensions: Callable | None = None
-  layer_panels: Callable | None = None
+  extensions: Callable = lambda select_extensions: None
+  layer_weights: Callable | None = None
+  step_scope: Callable = lambda memory: contextlib.nullcontext()
 
 
 def _reference_logits(dot_general, y, table):
@@ -103,8 +106,8 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   dtype, mixed = _mixed(cfg)
   fused_loss = cfg.arch != "encoder_only"   # the same on every path
   if kernels.resolve(cfg.compute.kernels) == "cpu":
-    return Ops(matmul_dtype=mixed, dot_general=mixed_matmul.dot_general_for(mixed) or flat_matmul.dot_general,
-               dropout=dropout16.Dropout, fused_loss=fused_loss)
+    dot_general, dropout = cpu_backend.layer_ops(mixed)
+    return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
   dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, fused_loss=fused_loss)
 
@@ -121,31 +124,13 @@ def on_lowering_platform(fn: Callable, cfg: TransformerConfig, *args):
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:
-  """What decoding `cfg` runs on (see the module docstring): with the CPU path in float32, this builds
-  and registers kernels/cpu_decoding.py's C++ kernels the first time it is called in the process."""
+  """What decoding `cfg` runs on (see the module docstring). With the CPU backend in float32, this builds
+  and registers its C++ kernels the first time it is called in the process."""
   dtype, mixed = _mixed(cfg)
-  shape = dict(num_layers=cfg.num_decoder_layers, num_heads=cfg.num_heads, d_k=cfg.head_dim_k,
-               d_v=cfg.head_dim_v, dtype=dtype)
-  # The family switches (decoder-only prefill, fewer key/value heads, positions inside attention) decode
-  # with the plain cache: the CPU caches lay out num_heads heads and attend without a bias.
-  plain_cache = lambda beam_slots: KVCache(**dict(shape, num_heads=cfg.kv_heads))
-  dot_general = ops_for(cfg).dot_general
+  plain = Decoding(cache=lambda beam_slots: KVCache(cfg.num_decoder_layers, cfg.kv_heads, cfg.head_dim_k,
+                                                    cfg.head_dim_v, dtype),
+                   decoding_weights=lambda table: table,
+                   decoding_logits=functools.partial(_reference_logits, ops_for(cfg).dot_general))
   if kernels.resolve(cfg.compute.kernels) != "cpu":
-    return Decoding(cache=plain_cache, decoding_weights=lambda table: table,
-                    decoding_logits=functools.partial(_reference_logits, dot_general))
-  # The C++ attention (one custom call per attention) and panel products where they built; float32 only.
-  ffi = mixed is None and dtype == jnp.float32 and cpu_decoding.available()
-
-  def cache(beam_slots):
-    if not cfg.is_paper_family:
-      return plain_cache(beam_slots)
-    kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
-    return kind(**shape, matmul_dtype=mixed, ffi=ffi)
-  beam_extensions = cpu_decoding.beam_extensions if cpu_decoding.available() else None
-  if ffi:
-    return Decoding(cache=cache, decoding_weights=output_layer.decoding_panels,
-                    decoding_logits=functools.partial(output_layer.panel_logits, vocab=cfg.vocab_size),
-                    beam_extensions=beam_extensions, layer_panels=output_layer.kernel_panels)
-  weights = functools.partial(output_layer.decoding_kernel, dtype=mixed or dtype)
-  return Decoding(cache=cache, decoding_weights=weights, decoding_logits=output_layer.logits,
-                  beam_extensions=beam_extensions)
+    return plain
+  return cpu_backend.decoding(cfg, plain, dtype, mixed)

@@ -22,7 +22,7 @@ from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
 from model.heads import ClassificationHead, MaskedLMHead
 from model import stack
-from model.layers import DecoderLayer, EncoderLayer, layer_norm
+from model.layers import DecoderLayer, EncoderLayer, Step, layer_norm
 from model.ops import decoding_for, ops_for
 from model.positions import RelativeBias, alibi_bias
 
@@ -133,9 +133,9 @@ class Decoder(nn.Module):
     """Per layer, the cross-attention keys and values of enc_out, stored as the cache `kv` reads them."""
     return [kv.prepare_cross(*layer.cross_attention.project_kv(enc_out)) for layer in self.layers]
 
-  def step(self, ids, cache, cross, src_mask, kv, panels=None):
+  def step(self, ids, cache, cross, src_mask, kv):
     """ids int32 [n] at position cache['index']; kv: the decoding cache object (model/cache.py) that
-    made `cache`; panels: None, or `decoding_panels`. Returns (outputs [n, d_model], new cache)."""
+    made `cache`. Returns (outputs [n, d_model], new cache)."""
     index = cache["index"][0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
     key_mask = None
@@ -157,19 +157,14 @@ class Decoder(nn.Module):
     new_cache["index"] = cache["index"] + 1
     if "offset" in cache:
       new_cache["offset"] = cache["offset"]
-    new_layers = []
+    step = Step(index, kv, context, positions, src_mask, bias, key_mask)
     cross = cross if cross is not None else [None] * len(self.layers)
-    panels = panels if panels is not None else [None] * len(self.layers)
-    for layer, layer_cache, layer_cross, layer_panels in zip(self.layers, cache["layers"], cross, panels):
-      x, new_layer_cache = layer.step(x, layer_cache, index, layer_cross, src_mask, kv, context,
-                                      positions, bias, key_mask, layer_panels)
+    new_layers = []
+    for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
+      x, new_layer_cache = layer.step(x, layer_cache, layer_cross, step)
       new_layers.append(new_layer_cache)
     new_cache["layers"] = new_layers
     return self._finish(x)[:, 0], new_cache
-
-  def decoding_panels(self, layout):
-    """Per layer, the kernels a decoding step multiplies by, laid out by `layout` (model/dense.py)."""
-    return [layer.decoding_panels(layout) for layer in self.layers]
 
 
 class Transformer(nn.Module):
@@ -177,7 +172,7 @@ class Transformer(nn.Module):
 
   packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises
   one sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths
-  (and a causal flag) instead of a dense mask (model/fused_attention.py). Not a parameter: it never
+  (and a causal flag) instead of a dense mask (kernels/fused_attention.py). Not a parameter: it never
   changes what the model computes on batches that keep the promise."""
   cfg: TransformerConfig
   packed: bool = True
@@ -286,13 +281,13 @@ class Transformer(nn.Module):
 
   def decoding_weights(self):
     """What every decoding step reads that depends on the parameters alone: the pre-softmax weights
-    ('output') and, on the C++ path, the decoder's kernels laid out as panels ('panels',
-    model/dense.py). decode/translate.py computes them once per set of parameters, not once per batch."""
+    ('output') and what else the decoding backend lays out (model/ops.py's Decoding.layer_weights).
+    decode/translate.py computes them once per set of parameters, not once per batch."""
     stack.check_unrolled(self.cfg, "decoding_weights")
     backend = decoding_for(self.cfg)
     weights = {"output": backend.decoding_weights(self.output_table())}
-    if backend.layer_panels is not None:
-      weights["panels"] = self.decoder.decoding_panels(backend.layer_panels)
+    if backend.layer_weights is not None:
+      weights.update(backend.layer_weights(self.variables["params"]["decoder"]))
     return weights
 
   def prepare_decoding(self, enc_out, weights=None):
@@ -319,8 +314,9 @@ class Transformer(nn.Module):
     leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
     """
     backend = decoding_for(self.cfg)
-    y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
-                                 backend.cache("slot_history" in cache), memory.get("panels"))
+    with backend.step_scope(memory):
+      y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
+                                   backend.cache("slot_history" in cache))
     return self.add_logits_bias(backend.decoding_logits(y, memory["output"])), cache
 
 
@@ -329,8 +325,8 @@ def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots
 
   Every leaf has leading dimension batch_size (so beam search can tile and reorder it), among them
   'index' int32 [batch_size], the position the next token is written to (equal across rows); the rest
-  is the chosen cache's (model/cache.py, or kernels/decode_cache.py with cfg.compute.kernels). beam_slots=True
-  asks for a cache that beam search reorders with `reorder_cache` only (the CPU kernels keep keys and
+  is the chosen cache's (model/cache.py, or the decoding backend's: model/ops.py). beam_slots=True
+  asks for a cache that beam search reorders with `reorder_cache` only (a backend may keep keys and
   values in place).
   """
   if max_len > cfg.max_len and cfg.positions == "learned":

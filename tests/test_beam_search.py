@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.beam_search import CHUNK, NEG_INF, beam_search, length_penalty, top_extensions
+from decode.beam_search import NEG_INF, beam_search, length_penalty
+from kernels.beam_top_k import CHUNK, top_extensions
 
 BOS, EOS = 1, 2
 

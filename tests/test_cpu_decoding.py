@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import cpu_decoding, output_layer
+from kernels import cpu_backend, cpu_decoding, output_layer
 from model import Transformer, init_cache
-from model.dense import Dense, DenseGeneral
 from model.ops import decoding_for
 from test_kernels import SMALL, random_ids
 
@@ -87,31 +86,29 @@ def test_panel_matmul_is_the_output_layer_product(n, d, vocab):
 
 @needs_compiler
 @pytest.mark.parametrize("make, x_shape", [
-    (lambda: Dense(37), (3, 1, 20)),                                     # d_out not a whole panel
-    (lambda: Dense(64, use_bias=False), (9, 20)),
-    (lambda: DenseGeneral((4, 8)), (5, 1, 20)),                          # attention's query, key, value
-    (lambda: DenseGeneral(20, axis=(-2, -1)), (2, 3, 4, 8)),             # attention's out
+    (lambda: nn.Dense(37), (3, 1, 20)),                                  # d_out not a whole panel
+    (lambda: nn.Dense(64, use_bias=False), (9, 20)),
+    (lambda: nn.DenseGeneral((4, 8)), (5, 1, 20)),                       # attention's query, key, value
+    (lambda: nn.DenseGeneral(20, axis=(-2, -1)), (2, 3, 4, 8)),          # attention's out
 ])
 def test_dense_layers_on_their_panels_equal_their_plain_call(make, x_shape):
-  """model/dense.py: same parameters as flax's layers, and the same product (with the bias) on panels."""
+  """kernels/cpu_backend.py: flax's layers, with the same product (with the bias) on their panels."""
   rng = np.random.default_rng(len(x_shape))
   x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
   module = make()
-  flax_module = (nn.Dense if isinstance(module, Dense) else nn.DenseGeneral)(
-      **{f: getattr(module, f) for f in ("features", "use_bias")},
-      **({} if isinstance(module, Dense) else {"axis": module.axis}))
   variables = module.init(jax.random.key(1), x)
-  jax.tree.map(np.testing.assert_array_equal, variables, flax_module.init(jax.random.key(1), x))
   variables = jax.tree.map(lambda v: v + 0.5, variables)             # a bias that is not zero
-  panels = module.apply(variables, output_layer.kernel_panels, method="decoding_panels")
+  contracted = 1 if isinstance(module, nn.Dense) else len(module.axis) if isinstance(module.axis, tuple) else 1
+  panels = cpu_backend.kernel_panels(variables["params"]["kernel"], contracted)
   assert panels.shape[2] == cpu_decoding.panel_width()
-  want = flax_module.apply(variables, x)
-  got = jax.jit(lambda v, x, p: module.apply(v, x, p))(variables, x, panels)
+  want = module.apply(variables, x)
+  got = jax.jit(lambda v, x, p: module.apply(v, x, method=lambda m, x: cpu_backend.panel_product(m, x, p)))(
+      variables, x, panels)
   assert got.shape == want.shape
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="trailing axes"):
-    DenseGeneral(8, axis=0).apply({"params": {"kernel": jnp.zeros((3, 8))}}, output_layer.kernel_panels,
-                                  method="decoding_panels")
+    nn.DenseGeneral(8, axis=0).apply({"params": {"kernel": jnp.zeros((3, 8))}}, jnp.zeros((3, 2)),
+                                     method=lambda m, x: cpu_backend.panel_product(m, x, None))
 
 
 def _panel_products(cfg, src):

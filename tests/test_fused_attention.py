@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Transformer, TransformerConfig, fused_attention
+from kernels import fused_attention
+from model import Transformer, TransformerConfig
 from model.attention import dot_product_attention, packed_mask
 
 TINY = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_kv_heads=2, num_encoder_layers=1,

@@ -80,3 +80,37 @@ def test_the_trainer_and_the_experiments_do_not_import_jobs(tmp_path, monkeypatc
   assert edges_against_order() == [
       "experiments/table9.py:1: experiments.table9 imports jobs.sweep_directions (experiments rank 5 -> jobs rank 6)",
       "train/__main__.py:1: train.__main__ imports jobs.sweep (train.__main__ rank 6 -> jobs rank 6)"]
+
+
+# model/ reaches kernels/ through one door: model/ops.py asks kernels/cpu_backend.py for the CPU backend
+# and kernels/fused_attention.py for the fused attentions. Besides it, model/ reads only the kernels
+# package's own names (the config's choices).
+KERNEL_DOOR = {"model.ops": {"kernels", "kernels.cpu_backend", "kernels.fused_attention"},
+               "model.config": {"kernels.CHOICES"}}
+
+
+def kernel_imports_outside_the_door():
+  bad = []
+  for path, module in _modules():
+    if module.split(".")[0] != "model":
+      continue
+    for line, target in _imports(path, module):
+      if target.split(".")[0] == "kernels" and target not in KERNEL_DOOR.get(module, ()):
+        bad.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+    if "panel" in path.read_text().lower():
+      bad.append(f"{path.relative_to(ROOT)}: mentions panels, the CPU backend's layout")
+  return bad
+
+
+def test_model_reaches_the_kernels_through_one_door():
+  assert kernel_imports_outside_the_door() == []
+
+
+def test_the_door_check_sees_a_layer_that_imports_a_kernel(tmp_path, monkeypatch):
+  (tmp_path / "model").mkdir()
+  (tmp_path / "model" / "layers.py").write_text("from kernels import flat_matmul\n# laid out as panels\n")
+  (tmp_path / "model" / "ops.py").write_text("from kernels import cpu_backend\n")
+  monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+  assert kernel_imports_outside_the_door() == [
+      "model/layers.py:1: model.layers imports kernels.flat_matmul",
+      "model/layers.py: mentions panels, the CPU backend's layout"]

@@ -100,7 +100,7 @@ def test_decoding_weights_laid_out_once_search_as_laid_out_per_batch(model_and_p
   model, params = model_and_params
   mesh = make_mesh(jax.local_devices()[:2])
   weights = translate_lib.decoding_weights_fn(model.cfg, mesh)(params)
-  assert "output" in weights and ("panels" in weights) == (decoding_for(model.cfg).layer_panels is not None)
+  assert "output" in weights and ("panels" in weights) == (decoding_for(model.cfg).layer_weights is not None)
   for leaf in jax.tree.leaves(weights):
     assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 2
   ids = [vocab.encode(s) for s, _ in corpus["test"][:4]]

@@ -1,5 +1,6 @@
 """Fused attention kernels beside the plain attention of model/attention.py, chosen by
-Compute.attention_impl (docs/accelerators.md, "Attention implementations"):
+Compute.attention_impl (docs/accelerators.md, "Attention implementations"), plugged into
+model/attention.py by model/ops.py:
 
   xla     model/attention.dot_product_attention, as the paper writes it (every platform)
   cudnn   jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's flash attention (NVIDIA GPUs)
