@@ -2,10 +2,10 @@
 Each module holds one fast path and knows nothing about the Transformer. model/ops.py is the one module
 of model/ that reaches them (tests/test_imports.py holds it to that), through two:
 
-  cpu_backend      what TransformerConfig.kernels="cpu" plugs in, for every pass (`layer_ops`) and for
+  cpu_backend      what Compute.kernels="cpu" plugs in, for every pass (`layer_ops`) and for
                    decoding (`decoding`): the modules below, which nothing else in model/ names
   fused_attention  cuDNN's and Pallas splash's fused attention for the teacher-forced passes, chosen by
-                   TransformerConfig.attention_impl
+                   Compute.attention_impl
 
 For every pass on a CPU (cpu_backend.layer_ops):
 

@@ -118,7 +118,7 @@ class MultiHeadAttention(nn.Module):
   dropout_cls: Any = nn.Dropout
   num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
   rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
-  impl: str = "xla"                 # TransformerConfig.attention_impl (model/ops.py's attention)
+  impl: str = "xla"                 # Compute.attention_impl (model/ops.py's attention)
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(

@@ -2,7 +2,7 @@
 
 This module is model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers read
 what they compute with from `ops_for`, the teacher-forced attention from `attention`, and decoding what
-it runs on from `decoding_for`; none knows which backend filled them in. TransformerConfig.kernels
+it runs on from `decoding_for`; none knows which backend filled them in. Compute.kernels
 chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is kernels/cpu_backend.py, the
 XLA:CPU fast paths (same results: tests/test_kernels.py, tests/test_cpu_decoding.py); "auto" picks "cpu"
 in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and eval
@@ -29,7 +29,7 @@ from model.config import TransformerConfig, as_dtype
 
 MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA attention
 # attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
-# TransformerConfig.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
+# Compute.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
 attention = fused_attention.attention
 
 
