@@ -414,10 +414,37 @@ def render_pretrained_pipeline(result: dict) -> str:
   return _table(["model", "steps on A", "steps on B", "test BLEU on B"], body)
 
 
+def render_back_translation(result: dict) -> str:
+  """docs/back_translation_results/results.json: test BLEU of the forward models (final parameters, the
+  average of the last checkpoints in brackets; a second seed where one was run)."""
+  runs = result["runs"]
+  score = lambda run: f"{runs[run]['test_bleu']:.2f} ({runs[run]['test_bleu_averaged']:.2f})"
+  seeds = lambda run, bold=False: ((f"**{score(run)}**" if bold else score(run))
+                                   + (f"; seed 1: {score(run + '_seed1')}" if run + "_seed1" in runs else ""))
+  body = [["the parallel half only", seeds("bt_baseline")],
+          ["parallel + back-translated half, tagged `<BT>` (`:bt`)", seeds("bt_tagged", bold=True)],
+          ["parallel + back-translated half, untagged (`:bt --config.data.synthetic_tag=`)", seeds("bt_untagged")],
+          ["both halves with their real English (upper bound)", seeds("bt_oracle")]]
+  return _table(["forward model (English->Romanian) trained on", "test BLEU"], body)
+
+
+def render_small_corpus(result: dict) -> str:
+  """docs/small_corpus_results/results.json: the default settings against experiments/small_corpus.py
+  on each po corpus, test BLEU (averaged parameters in brackets) and their ratio."""
+  body = [[c["corpus"], f"{c['pairs_train']:,}",
+           f"{c['max_len']} ({c['dropped']} pairs, {c['dropped_percent']:.2f}%; longest needs {c['longest_needs']})",
+           f"{c['default_bleu']:.2f}", f"{c['small_corpus_bleu']:.2f} ({c['small_corpus_bleu_averaged']:.2f})",
+           f"**{c['small_corpus_bleu'] / c['default_bleu']:.2f}x** "
+           f"({c['small_corpus_bleu_averaged'] / c['default_bleu']:.2f}x)"] for c in result["corpora"]]
+  return _table(["corpus", "pairs (train)", "max_len chosen (what it drops)", "default settings",
+                 "small_corpus:bf16", "ratio"], body)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
               "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
-              "padding": render_padding, "pretrained_pipeline": render_pretrained_pipeline}
+              "padding": render_padding, "pretrained_pipeline": render_pretrained_pipeline,
+              "back_translation": render_back_translation, "small_corpus": render_small_corpus}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
