@@ -147,7 +147,17 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
     return reference(q, k, v, mask, bias)
   cudnn_why = cudnn_unsupported(q, k, v, bias, dropout)
   splash_why = splash_unsupported(q, k, v, bias, dropout)
-  on_tpu = lambda q, k, v, mask, bias: splash(q, k, v, mask)
+  backend = jax.default_backend()
+
+  def on_tpu(q, k, v, mask, bias, interpret=False):
+    try:
+      return splash(q, k, v, mask, interpret=interpret)
+    # a shape that this jax's splash kernel refuses (it checks when tracing; older versions, for example,
+    # take head dimensions that are multiples of 128 only)
+    except NotImplementedError as error:
+      _say(impl, f"on a TPU, splash attention cannot be traced here ({error})", loud=backend == "tpu")
+      return reference(q, k, v, mask, bias)
+
   args = (q, k, v, mask, bias)
   if impl == "cudnn":
     if cudnn_why:
@@ -160,9 +170,8 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
       return reference(*args)
     # The TPU kernel where lowered for a TPU; elsewhere the same kernel in interpret mode (tests, CPU).
     return jax.lax.platform_dependent(
-        *args, tpu=on_tpu, default=lambda q, k, v, mask, bias: splash(q, k, v, mask, interpret=True))
+        *args, tpu=on_tpu, default=lambda *args: on_tpu(*args, interpret=True))
   # auto: each platform's kernel, where it can take this attention.
-  backend = jax.default_backend()
   branches = {}
   if cudnn_why:
     _say("auto", f"on a GPU, {cudnn_why}", loud=backend == "gpu")

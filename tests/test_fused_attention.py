@@ -109,6 +109,25 @@ def test_a_setting_a_kernel_cannot_take_falls_back_visibly_once(impl, changes, w
   np.testing.assert_allclose(got[real], want[real], atol=1e-4)
 
 
+def test_a_splash_kernel_this_jax_refuses_when_traced_falls_back_saying_why(monkeypatch, caplog):
+  """Older jax versions' splash kernels refuse some shapes while tracing (head dimensions that are not
+  multiples of 128): the TPU branch, traced in a jitted CPU program too, then takes the plain attention."""
+  def refuses(*args, **kwargs):
+    raise NotImplementedError("head_dim_v=16 should be a multiple of 128")
+  monkeypatch.setattr(fused_attention, "splash", refuses)
+  fused_attention._SAID.clear()
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 128, 4, 16)), jnp.float32) for _ in range(3))
+  segments = _segments(rng, 2, 128)
+  mask = packed_mask(segments, segments, causal=True)
+  plain = lambda q, k, v, mask, bias: dot_product_attention(q, k, v, mask.dense)
+  with caplog.at_level(logging.INFO, logger=fused_attention.__name__):
+    got = jax.jit(lambda q, k, v, mask: fused_attention.attention("auto", q, k, v, mask, None, False, plain))(
+        q, k, v, mask)
+  assert [r for r in caplog.records if "splash attention cannot be traced here (head_dim_v=16" in r.getMessage()]
+  np.testing.assert_array_equal(got, jax.jit(plain)(q, k, v, mask, None))
+
+
 def test_cudnn_equals_the_plain_attention_on_a_gpu():
   if jax.default_backend() != "gpu":
     pytest.skip("cuDNN's attention runs on an NVIDIA GPU only; this backend is " + jax.default_backend())
