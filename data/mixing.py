@@ -23,6 +23,8 @@ Translating with the trained model, sources are never tagged.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from data import tasks
@@ -31,6 +33,7 @@ from data.sources import DataError, synthetic_path, synthetic_tag
 from data.tokens import join, ranges
 
 _MIX_STREAM = 0x6d6978              # the slot sample's random stream, apart from the batch plan's
+log = logging.getLogger(__name__)
 
 
 def synthetic_ratio(data_config) -> float:
@@ -106,9 +109,9 @@ def mixed_sequences(data_config, vocab, parallel, synthetic, max_len: int, seed:
   src_len = np.concatenate([p_src[pick_par], s_src[pick_syn]])   # [slots]
   tgt_len = np.concatenate([p_tgt[pick_par], s_tgt[pick_syn]])
   first_syn = len(par_rows)
-  print(f"[data] training stream: {len(par_rows):,} parallel + {len(syn_rows):,} synthetic slots a pass "
+  log.info(f"[data] training stream: {len(par_rows):,} parallel + {len(syn_rows):,} synthetic slots a pass "
         f"(of {len(p_keep):,} and {len(s_keep):,} pairs; synthetic_ratio={synthetic_ratio(data_config)}, "
-        f"tag {synthetic_tag(data_config) or 'off'})", flush=True)
+        f"tag {synthetic_tag(data_config) or 'off'})")
 
   def sequences(indices):
     indices = np.asarray(indices, np.int64)
