@@ -19,7 +19,8 @@ for one process of one and for each of two (every process assembles only its row
 benchmarks/results/input_pipeline_scale.json and prints the markdown table docs/data.md shows.
 
 With --formats: how fast the pairs of a batch are read from ArrayRecord (a record per pair, by index, as
-Grain's and TFDS's data sources read) and from the cache's flat arrays, side by side.
+Grain's and TFDS's data sources read) and from the cache's flat arrays, side by side. Writes
+benchmarks/results/input_pipeline_formats.json, whose table docs/data.md quotes.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from run.console import log_to_console
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "input_pipeline.json"
 SCALE_OUT = OUT.with_name("input_pipeline_scale.json")
+FORMATS_OUT = OUT.with_name("input_pipeline_formats.json")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -260,12 +262,20 @@ def formats(args) -> None:
     source, pairs = ArrayRecordDataSource([path]), TokenPairs.from_ids(src, tgt)
     readers = {"array_record": lambda i: [np.frombuffer(r, np.uint16) for r in source.__getitems__(i.tolist())],
                "flat arrays": lambda i: (pairs.src.gather(i), pairs.tgt.gather(i))}
-    for per_batch in (80, 1000):   # about 2,048 and 25,000 tokens a side (22.5 tokens a sentence)
+    reads = []
+    for per_batch, about in ((80, 2048), (1000, 25000)):   # tokens a side, at 22.5 tokens a sentence
       batches = [rng.integers(0, n, per_batch) for _ in range(args.batches)]
       tokens = sum(int(pairs.src.lengths[i].sum()) + int(pairs.tgt.lengths[i].sum()) for i in batches)
+      rates = {}
       for name, read in readers.items():
         _, seconds = _time(lambda: [read(i) for i in batches])
+        rates[name.replace(" ", "_")] = tokens / seconds
         print(f"{per_batch} pairs a batch, {name}: {tokens / seconds / 1e6:.1f}M source + target tokens/s read")
+      reads.append({"pairs_a_batch": per_batch, "about_tokens_a_side": about, "tokens": tokens,
+                    "tokens_per_s": rates})
+  _write(args.out if args.out != str(OUT) else FORMATS_OUT,
+         {"command": "python -m benchmarks.input_pipeline " + " ".join(sys.argv[1:]), "pairs": n,
+          "batches": args.batches, "reads": reads})
 
 
 def main(argv=None) -> None:

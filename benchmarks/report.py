@@ -440,11 +440,81 @@ def render_small_corpus(result: dict) -> str:
                  "small_corpus:bf16", "ratio"], body)
 
 
+def render_training_runs(result: dict) -> str:
+  """docs/training_results/results.json: the default experiment's measured runs, newest first, each with its
+  host, code, test sacreBLEU and the whole command's wall-clock (an undated run says which code it ran)."""
+  body = []
+  for run in result["runs"]:
+    when = run.get("date") or run["when"]
+    if run.get("overrides"):
+      when += f", `{run['overrides']}`"
+    seconds = run["wall_clock_s"]
+    body.append([when, run["host"], f"`{run['code']}`" if run.get("code") else "", f"{run['test_sacrebleu']:.2f}",
+                 f"{seconds // 60} min {seconds % 60} s"])
+  return _table(["date", "host", "code", "test sacreBLEU", "wall-clock"], body)
+
+
+def _family_result(result) -> str:
+  """An experiment's result: its measured numbers, or a pointer to where they are."""
+  if "test_bleu" in result:
+    return f"test BLEU {result['test_bleu']:.2f}"
+  if "dev_perplexity" in result:
+    return f"dev perplexity {result['dev_perplexity']:.1f} (next-piece accuracy {result['dev_accuracy']:.2f})"
+  if "dev_masked_token_accuracy" in result:
+    return f"dev masked-token accuracy {result['dev_masked_token_accuracy']:.2f}"
+  return result["elsewhere"]
+
+
+def render_family_experiments(result: dict) -> str:
+  """docs/family_results/results.json: each experiment of the family, its parameters and its result."""
+  body = []
+  for e in result["experiments"]:
+    params = f"{e['parameters']:,}" + "".join(f" (`{name}` {n:,})" for name, n in e.get("variants", {}).items())
+    body.append([f"`{e['file']}`", e["what"], params + (f" ({e['parameters_of']})" if e.get("parameters_of") else ""),
+                 _family_result(e["result"])])
+  return _table(["file", "what", "parameters", "result"], body)
+
+
+def render_family_models(result: dict) -> str:
+  """docs/family_results/results.json: encoder-decoder against the decoder-only stacks, each seed's dev
+  perplexity and test sacreBLEU (the lowest-highest where a seed ran more than once)."""
+  bleu = lambda scores: "-".join(f"{x:.2f}" for x in sorted({min(scores), max(scores)}))
+  body = [[m["model"], f"`{m['command']}`", f"{m['parameters']:,}",
+           "; ".join(f"seed {s['seed']}: {s['dev_ppl']:.4g} / {bleu(s['test_bleu'])}" for s in m["seeds"])]
+          for m in result["models"]]
+  return _table(["model", "command", "parameters", "dev ppl / test sacreBLEU, by seed"], body)
+
+
+def render_input_pipeline_formats(result: dict) -> str:
+  """benchmarks.input_pipeline --formats: source + target tokens/s read from ArrayRecord and from the
+  cache's flat arrays, for two batch sizes."""
+  body = [[f"{r['pairs_a_batch']:,} (about {r['about_tokens_a_side']:,} tokens a side)",
+           *(f"{r['tokens_per_s'][k] / 1e6:.1f}M tokens/s" for k in ("array_record", "flat_arrays"))]
+          for r in result["reads"]]
+  return _table(["pairs a batch", "ArrayRecord, a record per pair (`group_size:1`)", "flat arrays (the cache)"],
+                body)
+
+
+def render_accelerator_check(*results: dict) -> str:
+  """benchmarks.accelerator's results files (check-<platform>.json), one table each, as it prints them."""
+  from benchmarks import accelerator   # imports jax: only when a page quotes a check
+  return "\n\n".join(accelerator.render(r) for r in results)
+
+
+def render_remat_scan(result: dict) -> str:
+  """benchmarks.remat_scan's results file, as it prints it."""
+  from benchmarks import remat_scan
+  return remat_scan.render(result)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
               "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
               "padding": render_padding, "pretrained_pipeline": render_pretrained_pipeline,
-              "back_translation": render_back_translation, "small_corpus": render_small_corpus}
+              "back_translation": render_back_translation, "small_corpus": render_small_corpus,
+              "training_runs": render_training_runs, "family_experiments": render_family_experiments,
+              "family_models": render_family_models, "input_pipeline_formats": render_input_pipeline_formats,
+              "accelerator_check": render_accelerator_check, "remat_scan": render_remat_scan}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
