@@ -441,7 +441,7 @@ def render_small_corpus(result: dict) -> str:
 
 
 def render_training_runs(result: dict) -> str:
-  """docs/training_results/results.json: the default experiment's measured runs, newest first, each with its
+  """docs/training_results/results.json: the default experiment's measured runs in the file's order, each with its
   host, code, test sacreBLEU and the whole command's wall-clock (an undated run says which code it ran)."""
   body = []
   for run in result["runs"]:
@@ -469,7 +469,7 @@ def render_family_experiments(result: dict) -> str:
   """docs/family_results/results.json: each experiment of the family, its parameters and its result."""
   body = []
   for e in result["experiments"]:
-    params = f"{e['parameters']:,}" + "".join(f" (`{name}` {n:,})" for name, n in e.get("variants", {}).items())
+    params = f"{e['parameters']:,}" + "".join(f" (`{arg}` {n:,})" for arg, n in e.get("parameters_by_arg", {}).items())
     body.append([f"`{e['file']}`", e["what"], params + (f" ({e['parameters_of']})" if e.get("parameters_of") else ""),
                  _family_result(e["result"])])
   return _table(["file", "what", "parameters", "result"], body)
