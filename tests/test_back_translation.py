@@ -8,7 +8,7 @@ import pytest
 
 from data import DataError, make_train_iterator, mixing, synthetic
 from data.vocab import BOS
-from experiments.default import get_config
+from files_config import files_data_config
 from run import get_vocab
 
 TAG = "<BT>"
@@ -28,14 +28,8 @@ def corpus(tmp_path_factory):
 
 
 def _config(corpus, tmp_path, **data):
-  config = get_config().data
-  config.update(source="files", train_path=str(corpus / "train.tsv"), dev_path=str(corpus / "dev.tsv"),
-                test_path=str(corpus / "dev.tsv"), vocab_size=300, vocab_sample_sentences=2000, max_len=128,
-                batch_tokens=512, cache_dir=str(corpus / "cache"))
-  with config.ignore_type():
-    for key, value in data.items():
-      config[key] = value
-  return config
+  return files_data_config(corpus, vocab_size=300, vocab_sample_sentences=2000, max_len=128, batch_tokens=512,
+                           cache_dir=str(corpus / "cache"), **data)
 
 
 def _epoch(it):

@@ -14,7 +14,7 @@ from data import cache, load_pairs, make_train_iterator, synthetic, tokenized
 from data import vocab as vocab_lib
 from data.batching import packing_cuts
 from data.sources import DataError
-from experiments.default import get_config
+from files_config import files_data_config
 from run import get_vocab
 
 PAIRS = 1500
@@ -35,12 +35,9 @@ def corpus(tmp_path_factory):
 
 
 def _config(corpus, tmp_path, **changes):
-  config = get_config().data
-  config.update(source="files", train_path=str(corpus / "train.tsv"), dev_path=str(corpus / "dev.tsv"),
-                test_path=str(corpus / "dev.tsv"), vocab_size=200, vocab_sample_sentences=1000, max_len=48,
-                batch_tokens=256, cache_dir=str(tmp_path / "cache"))
-  config.update(**changes)
-  return config
+  defaults = dict(vocab_size=200, vocab_sample_sentences=1000, max_len=48, batch_tokens=256,
+                  cache_dir=str(tmp_path / "cache"))
+  return files_data_config(corpus, **{**defaults, **changes})
 
 
 def _same(a, b):
