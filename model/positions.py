@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.config import TransformerConfig, as_dtype
+
 
 def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
   """Rotates x [b, len, h, d] (d even) by its positions int [b, len]; returns x's shape and dtype.
@@ -105,3 +107,24 @@ class RelativeBias(nn.Module):
     relative = k_positions[:, None, :] - q_positions[:, :, None]                       # [b, q, k]
     buckets = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
     return jnp.take(table.astype(jnp.float32), buckets, axis=0).transpose(0, 3, 1, 2)  # [b, h, q, k]
+
+
+class PositionBias(nn.Module):
+  """The self-attention score bias of positions="alibi" or "relative", one per stack and shared by its
+  layers; None for the other position kinds."""
+  cfg: TransformerConfig
+  bidirectional: bool
+
+  def setup(self):
+    cfg = self.cfg
+    if cfg.positions == "relative":
+      self.relative = RelativeBias(cfg.num_heads, self.bidirectional, cfg.relative_buckets,
+                                   cfg.relative_max_distance, as_dtype(cfg.param_dtype))
+
+  def __call__(self, q_positions, k_positions):
+    """q_positions int [b, q], k_positions int [b, k] -> float32 [b, h, q, k] or None."""
+    if self.cfg.positions == "alibi":
+      return alibi_bias(q_positions, k_positions, self.cfg.num_heads)
+    if self.cfg.positions == "relative":
+      return self.relative(q_positions, k_positions)
+    return None
