@@ -29,6 +29,7 @@ MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA
 # attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
 # Compute.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
 attention = fused_attention.attention
+PackedMask = fused_attention.PackedMask   # a teacher-forced mask with its segment ids (packed_mask)
 
 
 def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,

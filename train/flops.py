@@ -84,11 +84,11 @@ def forward_flops(cfg: TransformerConfig, src_len: int, tgt_len: int) -> int:
   d, vocab = cfg.d_model, cfg.vocab_size
   total = 0
   if cfg.arch != "decoder_only":
-    total += cfg.num_encoder_stack_layers * (_attention(cfg, src_len, src_len) + _ffn(cfg, src_len))
+    total += cfg.num_encoder_layers * (_attention(cfg, src_len, src_len) + _ffn(cfg, src_len))
   if cfg.arch == "encoder_only":
     return total + 2 * src_len * d * d + 2 * src_len * d * vocab   # MLM head: transform, output
   cross = _attention(cfg, tgt_len, src_len) if cfg.arch == "encoder_decoder" else 0
-  total += cfg.num_decoder_stack_layers * (_attention(cfg, tgt_len, tgt_len) + cross + _ffn(cfg, tgt_len))
+  total += cfg.num_decoder_layers * (_attention(cfg, tgt_len, tgt_len) + cross + _ffn(cfg, tgt_len))
   return total + 2 * tgt_len * d * vocab                            # logits
 
 
