@@ -27,9 +27,7 @@ def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = Fa
 
 def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   """Queries attend to keys of the same packed segment; segment 0 is padding and sees nothing.
-
-  q_segments: int [b, q]; kv_segments: int [b, k]. Returns bool [b, 1, q, k].
-  """
+  q_segments int [b, q], kv_segments int [b, k] -> bool [b, 1, q, k]."""
   same = q_segments[:, :, None] == kv_segments[:, None, :]  # [b, q, k]
   real = (q_segments[:, :, None] != 0) & (kv_segments[:, None, :] != 0)
   return (same & real)[:, None]
@@ -42,13 +40,10 @@ def causal_mask(length: int) -> jax.Array:
 
 
 def attention_weights(q, k, mask, bias=None, dot_general=None):
-  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the one softmax of the
-  plain attention.
-
-  q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
-  key/value head serving h/g consecutive query heads); mask: bool broadcastable to [b, h, q_len, kv_len]
-  or None; bias: float broadcastable to the same, or None (ALiBi, relative positions). Returns float32
-  [b, h, q_len, kv_len]; decode/attention_maps.py draws them (`sow`)."""
+  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the plain attention's one
+  softmax. q [b, q_len, h, d_k]; k [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
+  key/value head serving h/g consecutive query heads); mask bool and bias float (ALiBi, relative positions)
+  broadcastable to [b, h, q_len, kv_len], or None. Returns float32 [b, h, q_len, kv_len]."""
   groups = q.shape[2] // k.shape[2]
   k = jnp.repeat(k, groups, axis=2) if groups > 1 else k                     # [b, kv_len, h, d_k]
   logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
@@ -63,12 +58,9 @@ def attention_weights(q, k, mask, bias=None, dot_general=None):
 
 def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None,
                           bias=None):
-  """softmax(q k^T / sqrt(d_k) + bias) v (attention_weights), times v in `dtype`.
-
-  q, k, mask, bias: as attention_weights (mask may also be a PackedMask); v: [b, kv_len, g, d_v].
-  Returns [b, q_len, h, d_v] in `dtype`. dot_general: what both matmuls use (None: lax.dot_general);
-  dropout: None or a function applied to the attention weights.
-  """
+  """attention_weights(q, k, mask, bias) v, the product in `dtype`. q, k, mask, bias: as attention_weights
+  (mask may be a PackedMask); v [b, kv_len, g, d_v]. Returns [b, q_len, h, d_v] in `dtype`. dot_general:
+  both matmuls' (None: lax.dot_general); dropout: None or a function applied to the attention weights."""
   mask = mask.dense if isinstance(mask, ops.PackedMask) else mask
   weights = attention_weights(q, k, mask, bias, dot_general)                # float32
   if dropout is not None:
@@ -80,11 +72,9 @@ def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None,
 
 
 class MultiHeadAttention(nn.Module):
-  """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
-
-  Besides the plain call, it exposes the pieces incremental decoding needs: `project_kv` (keys and
-  values of a memory, computed once), `project_q`, `heads` (attention without W^O) and `out` (W^O).
-  """
+  """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O. Decoding
+  calls the pieces: `project_kv` (a memory's keys and values, computed once), `project_q`, `heads` (the
+  attention without W^O) and `out` (W^O)."""
   num_heads: int
   d_k: int
   d_v: int

@@ -39,10 +39,9 @@ class KVCache:
     return keys, values
 
   def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
-    """Writes this step's keys and values [n, 1, h, d] at `index` and attends to positions <= index.
-
-    attend(q, k, v, mask) is the layer's attention. Returns (heads [n, 1, h, d_v], new layer cache); a
-    cache may return the heads with other leading axes of n * 1 elements (the layer reshapes them)."""
+    """Writes this step's keys and values [n, 1, h, d] at `index` and attends to positions <= index with
+    the layer's attend(q, k, v, mask). Returns (heads [n, 1, h, d_v], new layer cache); a cache may return
+    the heads with other leading axes of n * 1 elements (the layer reshapes them)."""
     del context
     write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype),
                                                                    index, axis=1)

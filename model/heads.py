@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from model.config import TransformerConfig, as_dtype
+from model.layers import layer_norm
 
 
 def _dense(cfg: TransformerConfig, features: int, name: str):
@@ -18,7 +19,6 @@ class MaskedLMHead(nn.Module):
   cfg: TransformerConfig
 
   def setup(self):
-    from model.layers import layer_norm   # layers imports config; avoid a cycle at import time
     self.transform = _dense(self.cfg, self.cfg.d_model, "transform")
     self.norm = layer_norm(self.cfg)
     self.output_bias = self.param("output_bias", nn.initializers.zeros, (self.cfg.vocab_size,),

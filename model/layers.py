@@ -51,11 +51,9 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
 
 def layer_norm(cfg: TransformerConfig, name=None):
   """The norm cfg.norm names: LayerNorm (the paper) or RMSNorm (a scale, no centring, no bias)."""
-  if cfg.norm == "rmsnorm":
-    return nn.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
-                      param_dtype=as_dtype(cfg.param_dtype), name=name)
-  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
-                      param_dtype=as_dtype(cfg.param_dtype), name=name)
+  norm = nn.RMSNorm if cfg.norm == "rmsnorm" else nn.LayerNorm
+  return norm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
+              param_dtype=as_dtype(cfg.param_dtype), name=name)
 
 
 class Residual(nn.Module):
@@ -102,11 +100,9 @@ class Step:
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN.
-
-  `__call__` is the teacher-forced pass over a whole target; `step` decodes one token per row using a
-  key/value cache for self-attention and precomputed cross-attention keys/values (`Decoder.cross_kv`).
-  """
+  """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN: over a whole
+  target (`__call__`), or one token per row (`step`) with a key/value cache and the cross-attention's
+  keys and values computed once (`Decoder.cross_kv`)."""
   cfg: TransformerConfig
 
   def setup(self):
@@ -146,13 +142,9 @@ class DecoderLayer(nn.Module):
     return self.residual_ffn(x, self.ffn), new
 
   def step(self, x, layer_cache, cross, step: Step):
-    """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
-
-    x: [n, 1, d_model], the embedded current tokens; layer_cache: this layer's part of the decoding
-    cache; cross: this layer's cross-attention keys and values from `step.kv.prepare_cross` (None
-    without cross-attention); step: what every layer of the step reads. Returns (y [n, 1, d_model], new
-    layer_cache).
-    """
+    """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows): the
+    embedded tokens x [n, 1, d_model], this layer's cache, its cross-attention keys and values from
+    `step.kv.prepare_cross` (None without cross-attention). Returns (y [n, 1, d_model], new layer cache)."""
     new_cache, kv = {}, step.kv
     attend = self.self_attention.heads
     if step.bias is not None or step.key_mask is not None:

@@ -26,9 +26,7 @@ from model.config import TransformerConfig, as_dtype
 
 def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
   """Rotates x [b, len, h, d] (d even) by its positions int [b, len]; returns x's shape and dtype.
-
-  Dimension pairs (i, i + d/2) are rotated by the angle position * base^(-2i/d), in float32.
-  """
+  Dimension pairs (i, i + d/2) are rotated by the angle position * base^(-2i/d), in float32."""
   d = x.shape[-1]
   if d % 2:
     raise ValueError(f"rope needs an even head dimension, got {d}")
@@ -54,10 +52,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(q_positions: jax.Array, k_positions: jax.Array, num_heads: int) -> jax.Array:
-  """-m_h * |i - j| for queries at q_positions int [b, q] and keys at k_positions int [b, k].
-
-  Returns float32 [b, h, q, k]. Causality comes from the mask, so one formula serves both directions.
-  """
+  """-m_h * |i - j| for queries at q_positions int [b, q] and keys at k_positions int [b, k]: float32
+  [b, h, q, k]. Causality comes from the mask, so one formula serves both directions."""
   distance = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])   # [b, 1, q, k]
   slopes = jnp.asarray(alibi_slopes(num_heads))[None, :, None, None]                   # [1, h, 1, 1]
   return -slopes * distance.astype(jnp.float32)
@@ -66,12 +62,10 @@ def alibi_bias(q_positions: jax.Array, k_positions: jax.Array, num_heads: int) -
 def relative_bucket(relative_position, bidirectional: bool, num_buckets: int = 32,
                     max_distance: int = 128):
   """T5's bucket of relative_position = key position - query position (int array, any shape).
-
   Bidirectional: half the buckets for keys after the query, half for keys at or before it. Causal: keys
   after the query (which the mask hides anyway) share bucket 0 with the query itself. In each half, the
   first half of the buckets are exact distances; the rest grow logarithmically up to max_distance, and
-  everything further shares the last bucket.
-  """
+  everything further shares the last bucket."""
   relative_position = jnp.asarray(relative_position)
   bucket = jnp.zeros_like(relative_position)
   distance = -relative_position                          # > 0: the key lies before the query

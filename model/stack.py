@@ -4,15 +4,13 @@ layer optionally rematerialized. Neither switch changes what the model computes.
     layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)   # in setup
     x = stack.apply(layers, x, mask, deterministic, positions, bias)
 
-cfg.compute.remat: which activations of a layer the backward pass keeps; the rest it recomputes from the layer's
-input (jax.checkpoint through nn.remat):
-  none     everything the forward pass made (no recomputation);
-  minimal  the outputs of the matmuls with no batch dimension (jax.checkpoint_policies.
-           dots_with_no_batch_dims_saveable): the projections Q, K, V, the attention output and the FFN,
-           which hold nearly all of a layer's FLOPs; attention scores and probabilities [b, h, q, k],
-           dropout masks, norms and activations are recomputed, which costs a few elementwise passes
-           and the two batched attention matmuls;
-  full     nothing but the layer's input: the forward pass is run twice.
+cfg.compute.remat: what of a layer's activations the backward pass keeps (jax.checkpoint through nn.remat);
+it recomputes the rest from the layer's input:
+  none     everything (no recomputation);
+  minimal  the outputs of the matmuls with no batch dimension (dots_with_no_batch_dims_saveable): Q, K, V,
+           the attention output and the FFN, nearly all of a layer's FLOPs; the scores [b, h, q, k], dropout
+           masks, norms and activations are recomputed (a few elementwise passes, two batched matmuls);
+  full     the layer's input only: the forward pass runs twice.
 cfg.compute.scan_layers: the layers become one nn.scan whose parameters are stacked on a leading axis,
   params[stack]['layers'][...] [num_layers, ...] instead of params[stack]['layers_0'] ...; XLA compiles
   the layer once instead of once per layer. Decoding reads the unrolled layout (run/layout.py converts).

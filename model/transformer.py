@@ -36,11 +36,6 @@ def _segments_and_positions(ids, segments, positions):
   return segments, positions
 
 
-def _embedder(cfg: TransformerConfig, shared):
-  return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, shared, cfg.vocab_size,
-                  as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
-
-
 class _Stack(nn.Module):
   """What the encoder and the decoder share: the embedding, the layers, the position bias (alibi,
   relative) and, with pre_norm, a final norm."""
@@ -50,7 +45,8 @@ class _Stack(nn.Module):
 
   def setup(self):
     cfg, decoder = self.cfg, isinstance(self, Decoder)
-    self.embed = _embedder(cfg, self.shared_embedding)
+    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, self.shared_embedding,
+                          cfg.vocab_size, as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
     if decoder:
       self.layers = stack.make(cfg, DecoderLayer, cfg.num_decoder_layers, deterministic_argnum=5)
     else:
@@ -140,10 +136,9 @@ class Decoder(_Stack):
 class Transformer(nn.Module):
   """Encoder-decoder with (by default) one embedding matrix shared by both inputs and the output.
 
-  packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises
-  one sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths
-  (and a causal flag) instead of a dense mask (kernels/fused_attention.py). Not a parameter: it never
-  changes what the model computes on batches that keep the promise."""
+  packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises one
+  sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths and a causal
+  flag (kernels/fused_attention.py); on batches that keep the promise it changes nothing."""
   cfg: TransformerConfig
   packed: bool = True
 
@@ -203,10 +198,8 @@ class Transformer(nn.Module):
 
   def features(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
-    """Like __call__, but stops before the output projection (for a fused output layer and loss).
-
-    Returns (decoder outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model]).
-    """
+    """Like __call__, but stops before the output projection, for a fused output layer and loss: (decoder
+    outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model])."""
     y = self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
                              deterministic)
     if not self.cfg.share_embeddings and self.is_initializing():
@@ -239,9 +232,8 @@ class Transformer(nn.Module):
   def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
     """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab].
-
-    arch="decoder_only": logits over tgt_in (src unused, may be None); arch="encoder_only": masked-LM
-    logits over src [b, src_len, vocab] (tgt_in unused, may be None)."""
+    Decoder-only: logits over tgt_in (src may be None); encoder-only: masked-LM logits [b, src_len, vocab]
+    over src (tgt_in may be None)."""
     return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
                                             tgt_positions, deterministic))
 
@@ -274,11 +266,9 @@ class Transformer(nn.Module):
     return self.add_logits_bias(decoding_for(self.cfg).decoding_logits(y, memory["output"])), cache
 
   def decode_step(self, ids, cache, memory, src_mask):
-    """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
-
-    ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...]
-    leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
-    """
+    """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r): ids int32
+    [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...] leaves); src_mask
+    bool [b, src_len] (None without cross-attention). Returns (logits float32 [n, vocab], new cache)."""
     backend = decoding_for(self.cfg)
     with backend.step_scope(memory):
       y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
