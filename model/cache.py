@@ -1,8 +1,7 @@
 """The plain decoding cache: keys and values of the positions decoded so far, reordered by gathering.
 
-A cache object knows how to create, extend, attend to and reorder the per-layer cache; the layers call
-it and do not care how it is laid out. kernels/decode_cache.py has the CPU-tuned ones with the same
-methods (model/ops.py chooses).
+A cache object creates, extends, attends to and reorders the per-layer cache; the layers call it without
+knowing its layout. kernels/decode_cache.py has CPU-tuned ones with the same methods (model/ops.py chooses).
 """
 from __future__ import annotations
 

@@ -78,10 +78,8 @@ class Compute:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """The paper's encoder-decoder (defaults: the base model of Table 3, Vaswani et al. 2017).
-
-  d_k and d_v default to d_model // num_heads; Table 3 row B sets d_k alone.
-  """
+  """The paper's encoder-decoder (defaults: the base model of Table 3, Vaswani et al. 2017). d_k and d_v
+  default to d_model // num_heads; Table 3 row B sets d_k alone."""
   vocab_size: int = 37000
   d_model: int = 512
   d_ff: int = 2048

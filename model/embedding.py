@@ -36,11 +36,9 @@ class Embedder(nn.Module):
   dropout_cls: Any = nn.Dropout   # model.ops chooses it (kernels/dropout16.py on the CPU)
 
   def setup(self):
-    if self.shared is not None:
-      self.table = self.shared
-    else:
-      self.table = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype, param_dtype=self.param_dtype,
-                            embedding_init=nn.initializers.normal(stddev=self.d_model ** -0.5))
+    self.table = self.shared or nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype,
+                                         param_dtype=self.param_dtype,
+                                         embedding_init=nn.initializers.normal(stddev=self.d_model ** -0.5))
     if self.position_kind == "learned":
       self.positions = nn.Embed(self.max_len, self.d_model, dtype=self.dtype,
                                 param_dtype=self.param_dtype,

@@ -15,28 +15,29 @@ from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
 from model.ops import ops_for
 
-
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swish": nn.silu, "swiglu": nn.silu, "geglu": nn.gelu}
 
 
+def dense(cfg: TransformerConfig, features: int, name: str, dot_general=None):
+  """A dense layer [..., d_in] -> [..., features] with Glorot-uniform weights, in cfg's dtypes."""
+  return nn.Dense(features, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
+                  kernel_init=nn.initializers.xavier_uniform(), dot_general=dot_general, name=name)
+
+
 class FeedForward(nn.Module):
-  """max(0, x W1 + b1) W2 + b2 (the paper); with activation="gelu" GELU in place of max(0, .), with
-  "swish" SiLU, x * sigmoid(x) (Marian's);
-  the gated "swiglu" / "geglu" (Shazeer 2020) compute (act(x W1 + b1) * (x V + c)) W2 + b2."""
+  """max(0, x W1 + b1) W2 + b2 (the paper), or GELU ("gelu") or SiLU x * sigmoid(x) ("swish", Marian's) in
+  place of max(0, .); the gated "swiglu" and "geglu" (Shazeer 2020): (act(x W1 + b1) * (x V + c)) W2 + b2."""
   cfg: TransformerConfig
 
   @nn.compact
   def __call__(self, x, deterministic=True):
     """x [b, len, d_model] -> [b, len, d_model]."""
     cfg, ops = self.cfg, ops_for(self.cfg)
-    dense = lambda n, name, x: nn.Dense(n, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
-                                        kernel_init=nn.initializers.xavier_uniform(),
-                                        dot_general=ops.dot_general, name=name)(x)
-    h = _ACTIVATIONS[cfg.activation](dense(cfg.d_ff, "wi", x))   # [b, len, d_ff]
+    h = _ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_ff, "wi", ops.dot_general)(x))   # [b, len, d_ff]
     if cfg.activation in ("swiglu", "geglu"):
-      h = h * dense(cfg.d_ff, "wi_linear", x)
+      h = h * dense(cfg, cfg.d_ff, "wi_linear", ops.dot_general)(x)
     h = ops.dropout(cfg.relu_dropout_rate, name="Dropout_0")(h, deterministic=deterministic)
-    return dense(cfg.d_model, "wo", h)                    # [b, len, d_model]
+    return dense(cfg, cfg.d_model, "wo", ops.dot_general)(h)                          # [b, len, d_model]
 
 
 def _attention(cfg: TransformerConfig, cross: bool = False):
@@ -49,11 +50,11 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
                             rope=cfg.positions == "rope" and not cross, impl=cfg.compute.attention_impl)
 
 
-def layer_norm(cfg: TransformerConfig, name=None):
+def layer_norm(cfg: TransformerConfig):
   """The norm cfg.norm names: LayerNorm (the paper) or RMSNorm (a scale, no centring, no bias)."""
   norm = nn.RMSNorm if cfg.norm == "rmsnorm" else nn.LayerNorm
   return norm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
-              param_dtype=as_dtype(cfg.param_dtype), name=name)
+              param_dtype=as_dtype(cfg.param_dtype))
 
 
 class Residual(nn.Module):
@@ -171,5 +172,4 @@ class DecoderLayer(nn.Module):
     x = self.residual_self(x, self_attend)
     if self.has_cross:
       x = self.residual_cross(x, cross_attend)
-    x = self.residual_ffn(x, self.ffn)
-    return x, new_cache["layer"]
+    return self.residual_ffn(x, self.ffn), new_cache["layer"]

@@ -1,13 +1,11 @@
 """What the layers compute with, and what decoding runs on: the plain operations, or a backend's.
 
-model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers read their pieces from
-`ops_for`, the teacher-forced attention from `attention`, decoding its pieces from `decoding_for`; none
-knows which backend filled them in. Compute.kernels chooses: "reference" is the plain pieces below and
-model/cache.py; "cpu" is kernels/cpu_backend.py, the XLA:CPU fast paths (same results:
-tests/test_kernels.py, tests/test_cpu_decoding.py); "auto" is "cpu" in a program lowered for the CPU and
-"reference" elsewhere. The train and eval steps resolve it where they are lowered
-(kernels.on_lowering_platform); decoding, whose cache layout is chosen before anything is traced, from
-the devices JAX runs on (kernels.resolve).
+model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers take their pieces from
+`ops_for` and `attention`, decoding from `decoding_for`, none knowing which backend filled them in.
+Compute.kernels chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is
+kernels/cpu_backend.py's XLA:CPU fast paths (same results: tests/test_kernels.py, test_cpu_decoding.py);
+"auto" is "cpu" on the CPU: where the train and eval steps are lowered for it (kernels.on_lowering_platform),
+and for decoding, whose cache layout is chosen before tracing, where JAX runs (kernels.resolve).
 """
 from __future__ import annotations
 
@@ -62,19 +60,16 @@ class Ops:
 class Decoding:
   """What incremental decoding runs on; a backend replaces the pieces it runs faster."""
   cache: Callable[[bool], Any]   # beam_slots -> the decoding cache object (model/cache.py's KVCache methods)
-  # The pre-softmax weights as decoding reads them, from the [vocab, d_model] table once per set of
-  # parameters (Transformer.decoding_weights); and decoder outputs [n, d_model] x those -> float32 logits.
-  decoding_weights: Callable
-  decoding_logits: Callable
+  decoding_weights: Callable     # the [vocab, d_model] output table -> the weights decoding_logits reads
+  decoding_logits: Callable      # decoder outputs [n, d_model], those weights -> float32 logits [n, vocab]
   # None, or a backend's kernel with the signature of decode.beam_search.select_extensions.
   beam_extensions: Callable | None = None
   # select_extensions -> what a search picks a step's candidates with (None: select_extensions itself).
   extensions: Callable = lambda select_extensions: None
-  # None, or the decoder's parameters -> a dict of what else a step reads that depends on them alone
-  # (joins the decoding memory once per set of parameters).
+  # None, or the decoder's parameters -> a dict of what else a step reads (Transformer.decoding_weights).
   layer_weights: Callable | None = None
-  # The decoding memory -> the context the decoder's step runs in (a backend may intercept the layers'
-  # calls there, nn.intercept_methods; the plain one changes nothing).
+  # The decoding memory -> the context the decoder's step runs in (where a backend may intercept the
+  # layers' calls, nn.intercept_methods).
   step_scope: Callable = lambda memory: contextlib.nullcontext()
 
 
@@ -91,13 +86,13 @@ def _mixed(cfg: TransformerConfig):
 
 def ops_for(cfg: TransformerConfig) -> Ops:
   """The reference or fast pieces for `cfg` (see the module docstring). Builds nothing."""
-  dtype, mixed = _mixed(cfg)
-  fused_loss = cfg.arch != "encoder_only"   # the same on every path
+  _, mixed = _mixed(cfg)
   if kernels.resolve(cfg.compute.kernels) == "cpu":
     dot_general, dropout = cpu_backend.layer_ops(mixed)
-    return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
-  dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, fused_loss=fused_loss)
+  else:
+    dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
+    dropout = nn.Dropout
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=cfg.arch != "encoder_only")
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:

@@ -170,9 +170,7 @@ class Transformer(nn.Module):
   def add_logits_bias(self, logits):
     """float32 logits [..., vocab] + the learned bias of cfg.logits_bias (Marian's final_logits_bias), on
     every path that makes logits; the chunked loss (train/chunked_loss.py) adds it to `features`' itself."""
-    if not self.cfg.logits_bias:
-      return logits
-    return logits + self.final_logits_bias.astype(jnp.float32)
+    return logits + self.final_logits_bias.astype(jnp.float32) if self.cfg.logits_bias else logits
 
   def logits(self, y):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
