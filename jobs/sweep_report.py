@@ -10,9 +10,9 @@ import pathlib
 import experiments
 import run
 from data.vocab import VOCAB_FILE
-from model import num_params
 from run import metrics as metrics_io
 from jobs import sweep_directions
+from train.flops import num_params
 
 
 def format_overrides(overrides: dict) -> str:

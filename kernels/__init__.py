@@ -34,6 +34,8 @@ barriers and layouts would block fusion, so "auto" picks the reference there.
 """
 from __future__ import annotations
 
+import functools
+
 CHOICES = ("auto", "reference", "cpu")
 # The logit of a key a query may not see, in every XLA attention (model/attention.py, decode_cache.py):
 # large enough to zero a float32 softmax entry, small enough not to overflow when added to logits.
@@ -44,10 +46,23 @@ def resolve(kernels: str) -> str:
   """'auto' -> 'cpu' when JAX's default backend is the CPU, else 'reference'; the others unchanged.
 
   For what is chosen before anything is traced (decoding's cache layout). The train and eval steps
-  resolve 'auto' where their program is lowered instead (model.ops.on_lowering_platform)."""
+  resolve 'auto' where their program is lowered instead (`on_lowering_platform`)."""
   if kernels not in CHOICES:
     raise ValueError(f"kernels={kernels!r} is not one of {list(CHOICES)}")
   if kernels == "auto":
     import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
     return "cpu" if jax.default_backend() == "cpu" else "reference"
   return kernels
+
+
+def on_lowering_platform(fn, cfg, *args):
+  """fn(cfg, *args), with cfg.compute.kernels="auto" resolved by the platform the program is lowered for
+  (a model.TransformerConfig): a program lowered for the CPU runs fn with kernels="cpu", one lowered for
+  anything else with "reference". Both are traced; only the lowered platform's branch reaches the compiled
+  program, so a step exported from a CPU host for "cuda" is the step a GPU host traces with "reference".
+  args are passed through as arguments: a branch must close over no arrays (jax.export)."""
+  if cfg.compute.kernels != "auto":
+    return fn(cfg, *args)
+  import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
+  branch = lambda kernels: functools.partial(fn, cfg.with_compute(kernels=kernels))
+  return jax.lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))

@@ -11,7 +11,7 @@ model/attention.py by model/ops.py:
           from a CPU host for ("cuda", "tpu") carries cuDNN's and splash's kernels.
 
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
-segment ids (model.attention.PackedMask). A decoding step attends one query to the cache with the plain
+segment ids (PackedMask). A decoding step attends one query to the cache with the plain
 attention. Where a kernel cannot take what the model asks for (a score bias for splash, attention
 dropout, float32 for cuDNN), that attention uses the plain one and says why once (logging, warning
 level where the kernel was asked for or would run). Splash computes whole blocks of 128 positions: a
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
@@ -37,6 +38,27 @@ SPLASH_BLOCKS = (512, 256, 128)   # splash's block sizes, largest first: a lengt
 # from the TPU's flops per byte, is about 10x per score, so padding that at most doubles a length (4x the
 # scores) is taken; a TPU's measurement should set this constant (docs/accelerators.md).
 SPLASH_PAD_LIMIT = 2.0
+
+
+@flax.struct.dataclass
+class PackedMask:
+  """The mask of a teacher-forced pass (model.attention.packed_mask) with what it was built from, so that a
+  fused kernel can read the segment ids where the plain attention reads the dense mask.
+
+  dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
+  whether a query also sees no later key; packed: whether a row may hold several sequences (False: one
+  sequence a row, its tokens first and padding after, so that lengths describe the mask)."""
+  dense: jax.Array
+  q_segments: jax.Array
+  kv_segments: jax.Array
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+  packed: bool = flax.struct.field(pytree_node=False, default=True)
+
+  def lengths(self):
+    """Unpacked rows: (query lengths, key lengths) int32 [b], at least 1 (an empty row attends to its
+    first position, so that nothing divides by zero)."""
+    count = lambda segments: jnp.maximum(jnp.sum(segments != 0, axis=1), 1).astype(jnp.int32)
+    return count(self.q_segments), count(self.kv_segments)
 
 
 def splash_length(length: int) -> int | None:
@@ -84,7 +106,7 @@ def splash_unsupported(q, k, v, bias, dropout: bool) -> str | None:
 
 def cudnn(q, k, v, mask, bias):
   """cuDNN's flash attention. q [b, q_len, h, d]; k, v [b, kv_len, g, d] (g divides h); mask: a
-  model.attention.PackedMask; bias None or [b, h, q_len, kv_len]. Returns [b, q_len, h, d] in q's dtype.
+  PackedMask; bias None or [b, h, q_len, kv_len]. Returns [b, q_len, h, d] in q's dtype.
   Traces only where jax's CUDA plugin is installed (RuntimeError 'cuDNN is not detected' elsewhere).
 
   With one sequence a row (mask.packed False) and no score bias, the mask goes to cuDNN as what it is:
@@ -113,7 +135,7 @@ def _splash_kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret:
 def splash(q, k, v, mask, interpret: bool = False):
   """Pallas TPU splash attention with the mask's segment ids (a packed batch's sentences see only
   themselves; padding, segment 0, sees padding). q [b, q_len, h, d]; k, v [b, kv_len, g, d]; mask: a
-  model.attention.PackedMask. Returns [b, q_len, h, d] in q's dtype. interpret: Pallas interpret mode (any
+  PackedMask. Returns [b, q_len, h, d] in q's dtype. interpret: Pallas interpret mode (any
   platform, slow). A length that is not a multiple of splash's blocks is padded up to splash_length(),
   the padding as segment 0; its outputs are cut off."""
   b, q_len, h, d = q.shape
@@ -137,7 +159,7 @@ def splash(q, k, v, mask, interpret: bool = False):
 
 def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable):
   """The attention `impl` chooses, for the teacher-forced pass. q [b, q_len, h, d_k]; k, v
-  [b, kv_len, g, d]; mask: a model.attention.PackedMask; bias: None or float [b, h, q_len, kv_len];
+  [b, kv_len, g, d]; mask: a PackedMask; bias: None or float [b, h, q_len, kv_len];
   dropout: whether the attention weights take dropout (the kernels do not). reference(q, k, v, mask,
   bias) is the plain attention. Returns [b, q_len, h, d_v].
 

@@ -1,7 +1,5 @@
 """The Transformer of "Attention Is All You Need" as pure Flax Linen modules."""
 from model.config import PRESETS, Compute, TransformerConfig, base, big
-from model.param_count import num_params
 from model.transformer import Transformer, init_cache, reorder_cache
 
-__all__ = ["PRESETS", "Compute", "TransformerConfig", "Transformer", "base", "big", "init_cache", "num_params",
-           "reorder_cache"]
+__all__ = ["PRESETS", "Compute", "TransformerConfig", "Transformer", "base", "big", "init_cache", "reorder_cache"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -16,41 +15,19 @@ from model import ops
 from model import positions as positions_lib
 
 
-@flax.struct.dataclass
-class PackedMask:
-  """The mask of a teacher-forced pass with what it was built from, so that a fused kernel can read the
-  segment ids (kernels/fused_attention.py) where the plain attention reads the dense mask.
-
-  dense: bool [b, 1, q_len, kv_len]; q_segments int [b, q_len], kv_segments int [b, kv_len]; causal:
-  whether a query also sees no later key; packed: whether a row may hold several sequences (False: one
-  sequence a row, its tokens first and padding after, so that lengths describe the mask)."""
-  dense: jax.Array
-  q_segments: jax.Array
-  kv_segments: jax.Array
-  causal: bool = flax.struct.field(pytree_node=False, default=False)
-  packed: bool = flax.struct.field(pytree_node=False, default=True)
-
-  def lengths(self):
-    """Unpacked rows: (query lengths, key lengths) int32 [b], at least 1 (an empty row attends to its
-    first position, so that nothing divides by zero)."""
-    count = lambda segments: jnp.maximum(jnp.sum(segments != 0, axis=1), 1).astype(jnp.int32)
-    return count(self.q_segments), count(self.kv_segments)
-
-
 def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False,
-                packed: bool = True) -> PackedMask:
-  """segment_mask (and causal_mask) as a PackedMask."""
+                packed: bool = True) -> ops.PackedMask:
+  """segment_mask (and causal_mask) as a PackedMask: the dense mask with the segment ids it was built
+  from, which a fused kernel reads instead (kernels/fused_attention.py)."""
   dense = segment_mask(q_segments, kv_segments)
   if causal:
     dense = dense & causal_mask(q_segments.shape[1])
-  return PackedMask(dense, q_segments, kv_segments, causal, packed)
+  return ops.PackedMask(dense, q_segments, kv_segments, causal, packed)
 
 
 def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   """Queries attend to keys of the same packed segment; segment 0 is padding and sees nothing.
-
-  q_segments: int [b, q]; kv_segments: int [b, k]. Returns bool [b, 1, q, k].
-  """
+  q_segments int [b, q], kv_segments int [b, k] -> bool [b, 1, q, k]."""
   same = q_segments[:, :, None] == kv_segments[:, None, :]  # [b, q, k]
   real = (q_segments[:, :, None] != 0) & (kv_segments[:, None, :] != 0)
   return (same & real)[:, None]
@@ -63,13 +40,10 @@ def causal_mask(length: int) -> jax.Array:
 
 
 def attention_weights(q, k, mask, bias=None, dot_general=None):
-  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the one softmax of the
-  plain attention.
-
-  q: [b, q_len, h, d_k]; k: [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
-  key/value head serving h/g consecutive query heads); mask: bool broadcastable to [b, h, q_len, kv_len]
-  or None; bias: float broadcastable to the same, or None (ALiBi, relative positions). Returns float32
-  [b, h, q_len, kv_len]; decode/attention_maps.py draws them (`sow`)."""
+  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the plain attention's one
+  softmax. q [b, q_len, h, d_k]; k [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
+  key/value head serving h/g consecutive query heads); mask bool and bias float (ALiBi, relative positions)
+  broadcastable to [b, h, q_len, kv_len], or None. Returns float32 [b, h, q_len, kv_len]."""
   groups = q.shape[2] // k.shape[2]
   k = jnp.repeat(k, groups, axis=2) if groups > 1 else k                     # [b, kv_len, h, d_k]
   logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
@@ -84,13 +58,10 @@ def attention_weights(q, k, mask, bias=None, dot_general=None):
 
 def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None,
                           bias=None):
-  """softmax(q k^T / sqrt(d_k) + bias) v (attention_weights), times v in `dtype`.
-
-  q, k, mask, bias: as attention_weights (mask may also be a PackedMask); v: [b, kv_len, g, d_v].
-  Returns [b, q_len, h, d_v] in `dtype`. dot_general: what both matmuls use (None: lax.dot_general);
-  dropout: None or a function applied to the attention weights.
-  """
-  mask = mask.dense if isinstance(mask, PackedMask) else mask
+  """attention_weights(q, k, mask, bias) v, the product in `dtype`. q, k, mask, bias: as attention_weights
+  (mask may be a PackedMask); v [b, kv_len, g, d_v]. Returns [b, q_len, h, d_v] in `dtype`. dot_general:
+  both matmuls' (None: lax.dot_general); dropout: None or a function applied to the attention weights."""
+  mask = mask.dense if isinstance(mask, ops.PackedMask) else mask
   weights = attention_weights(q, k, mask, bias, dot_general)                # float32
   if dropout is not None:
     weights = dropout(weights)
@@ -101,11 +72,9 @@ def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None,
 
 
 class MultiHeadAttention(nn.Module):
-  """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O.
-
-  Besides the plain call, it exposes the pieces incremental decoding needs: `project_kv` (keys and
-  values of a memory, computed once), `project_q`, `heads` (attention without W^O) and `out` (W^O).
-  """
+  """h parallel heads with their own Q, K (d_k each) and V (d_v each) projections, then W^O. Decoding
+  calls the pieces: `project_kv` (a memory's keys and values, computed once), `project_q`, `heads` (the
+  attention without W^O) and `out` (W^O)."""
   num_heads: int
   d_k: int
   d_v: int
@@ -148,15 +117,14 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       rng = self.make_rng("dropout")
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
-    dense = mask.dense if isinstance(mask, PackedMask) else mask
+    dense = mask.dense if isinstance(mask, ops.PackedMask) else mask
     if self.is_mutable_collection("intermediates"):   # decode/attention_maps.py asks; training never does
       self.sow("intermediates", "attention_weights", attention_weights(q, k, dense, bias))
     reference = lambda q, k, v, mask, bias: dot_product_attention(
         q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias)
-    if not isinstance(mask, PackedMask):   # a decoding step: one query against the cache
+    if not isinstance(mask, ops.PackedMask):   # a decoding step: one query against the cache
       return reference(q, k, v, mask, bias)
-    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None,
-                                     reference).astype(self.dtype)
+    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None, reference).astype(self.dtype)
 
   def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model].

@@ -1,8 +1,7 @@
 """The plain decoding cache: keys and values of the positions decoded so far, reordered by gathering.
 
-A cache object knows how to create, extend, attend to and reorder the per-layer cache; the layers call
-it and do not care how it is laid out. kernels/decode_cache.py has the CPU-tuned ones with the same
-methods (model/ops.py chooses).
+A cache object creates, extends, attends to and reorders the per-layer cache; the layers call it without
+knowing its layout. kernels/decode_cache.py has CPU-tuned ones with the same methods (model/ops.py chooses).
 """
 from __future__ import annotations
 
@@ -39,10 +38,9 @@ class KVCache:
     return keys, values
 
   def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
-    """Writes this step's keys and values [n, 1, h, d] at `index` and attends to positions <= index.
-
-    attend(q, k, v, mask) is the layer's attention. Returns (heads [n, 1, h, d_v], new layer cache); a
-    cache may return the heads with other leading axes of n * 1 elements (the layer reshapes them)."""
+    """Writes this step's keys and values [n, 1, h, d] at `index` and attends to positions <= index with
+    the layer's attend(q, k, v, mask). Returns (heads [n, 1, h, d_v], new layer cache); a cache may return
+    the heads with other leading axes of n * 1 elements (the layer reshapes them)."""
     del context
     write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype),
                                                                    index, axis=1)

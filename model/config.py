@@ -22,6 +22,19 @@ REMATS = ("none", "minimal", "full")   # model/stack.py: what the backward pass 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def _refuse(owner: str, checks) -> None:
+  """Raises ValueError("owner: message") for the first (wrong, message) in checks that is wrong."""
+  for wrong, message in checks:
+    if wrong:
+      raise ValueError(f"{owner}: {message}")
+
+
+def _choices(config, **allowed):
+  """(wrong, message) for each field of config that must be one of allowed[field]."""
+  return [(getattr(config, name) not in choices, f"{name}={getattr(config, name)!r} is not one of {list(choices)}")
+          for name, choices in allowed.items()]
+
+
 def as_dtype(dtype: Any):
   """Accepts a dtype or its name ('float32', 'bfloat16') and returns the jnp dtype; None stays None."""
   if dtype is None:
@@ -44,29 +57,20 @@ class Compute:
   # Which implementation computes the model: "reference" (model/ as written), "cpu" (the XLA:CPU fast
   # paths of kernels/, same results) or "auto" (cpu on the CPU backend, reference elsewhere).
   kernels: str = "auto"
-  # Which kernel computes the teacher-forced attention (docs/accelerators.md): "xla" (model/attention.py
-  # as written), "cudnn" (jax.nn.dot_product_attention's cuDNN flash attention), "splash" (Pallas TPU
-  # splash attention), or "auto": cudnn on a GPU, splash on a TPU, xla on a CPU, chosen by the platform
-  # the program is lowered for. A setting a kernel cannot take falls back.
+  # The teacher-forced attention's kernel (kernels/fused_attention.py): "xla" (model/attention.py as
+  # written), "cudnn", "splash", or "auto": by the platform lowered for. Where a kernel cannot, xla.
   attention_impl: str = "auto"
   # Memory and compile time (docs/accelerators.md).
   remat: str = "none"                  # | "minimal" (keep the layers' matmul outputs) | "full" (keep inputs)
   scan_layers: bool = False            # one nn.scan per stack: parameters stacked [layers, ...]
 
   def __post_init__(self):
-    def fail(msg):
-      raise ValueError(f"Compute: {msg}")
-
-    for name, allowed in dict(kernels=KERNELS, attention_impl=ATTENTION_IMPLS, remat=REMATS).items():
-      if getattr(self, name) not in allowed:
-        fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
-    as_dtype(self.dtype)
-    if self.matmul_dtype is not None:
-      matmul = as_dtype(self.matmul_dtype)
-      if matmul != as_dtype(self.dtype) and as_dtype(self.dtype) != jnp.float32:
-        fail(f"matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision rounds the "
-             f"operands of float32 activations; with dtype={self.dtype!r} they are {self.dtype} already. "
-             f"Leave matmul_dtype unset, or use dtype='float32'")
+    _refuse("Compute", _choices(self, kernels=KERNELS, attention_impl=ATTENTION_IMPLS, remat=REMATS))
+    dtype, matmul = as_dtype(self.dtype), as_dtype(self.matmul_dtype)
+    if matmul not in (None, dtype) and dtype != jnp.float32:
+      raise ValueError(f"Compute: matmul_dtype={self.matmul_dtype!r} with dtype={self.dtype!r}: mixed precision "
+                       f"rounds the operands of float32 activations; with dtype={self.dtype!r} they are "
+                       f"{self.dtype} already. Leave matmul_dtype unset, or use dtype='float32'")
 
   def replace(self, **changes) -> "Compute":
     return dataclasses.replace(self, **changes)
@@ -74,10 +78,8 @@ class Compute:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """The paper's encoder-decoder (defaults: the base model of Table 3, Vaswani et al. 2017).
-
-  d_k and d_v default to d_model // num_heads; Table 3 row B sets d_k alone.
-  """
+  """The paper's encoder-decoder (defaults: the base model of Table 3, Vaswani et al. 2017). d_k and d_v
+  default to d_model // num_heads; Table 3 row B sets d_k alone."""
   vocab_size: int = 37000
   d_model: int = 512
   d_ff: int = 2048
@@ -110,44 +112,28 @@ class TransformerConfig:
   compute: Compute = Compute()         # how it is computed: dtypes, kernels, remat, scan
 
   def __post_init__(self):
-    def fail(msg):
-      raise ValueError(f"TransformerConfig: {msg}")
-
-    for name in ("vocab_size", "d_model", "d_ff", "num_heads", "max_len"):
-      if int(getattr(self, name)) <= 0:
-        fail(f"{name} must be positive, got {getattr(self, name)}")
-    for name in ("num_encoder_layers", "num_decoder_layers"):
-      if int(getattr(self, name)) < 0:
-        fail(f"{name} must be >= 0, got {getattr(self, name)}")
-    if self.num_decoder_layers == 0 and self.arch != "encoder_only":
-      fail("num_decoder_layers must be >= 1")
-    for name in ("d_k", "d_v"):
-      value = getattr(self, name)
-      if value is None:
-        if self.d_model % self.num_heads:
-          fail(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-               f"set {name} explicitly or change num_heads")
-      elif value <= 0:
-        fail(f"{name} must be positive, got {value}")
-    for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
-      rate = getattr(self, name)
-      if not 0.0 <= rate < 1.0:
-        fail(f"{name} must be in [0, 1), got {rate}")
-    choices = dict(arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS)
-    for name, allowed in choices.items():
-      if getattr(self, name) not in allowed:
-        fail(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
-    if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
-      fail(f"num_kv_heads={self.num_kv_heads} must be positive and divide num_heads={self.num_heads}")
-    if self.positions == "rope" and self.head_dim_k % 2:
-      fail(f"positions='rope' rotates pairs of dimensions: d_k={self.head_dim_k} must be even")
-    if self.arch == "encoder_only" and self.num_encoder_layers == 0:
-      fail("arch='encoder_only' needs num_encoder_layers >= 1")
-    if self.num_classes < 0 or (self.num_classes and self.arch != "encoder_only"):
-      fail(f"num_classes={self.num_classes}: a classification head is for arch='encoder_only' only")
+    value = lambda name: getattr(self, name)
+    positive = ("vocab_size", "d_model", "d_ff", "num_heads", "max_len", "d_k", "d_v", "num_kv_heads")
+    counts = ("num_encoder_layers", "num_decoder_layers", "num_classes")
+    rates = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
+    _refuse("TransformerConfig", (   # d_k, d_v, num_kv_heads None: derived (the properties below)
+        [(value(n) is not None and value(n) <= 0, f"{n} must be positive, got {value(n)}") for n in positive]
+        + [(value(n) < 0, f"{n} must be >= 0, got {value(n)}") for n in counts]
+        + [(not 0.0 <= value(n) < 1.0, f"{n} must be in [0, 1), got {value(n)}") for n in rates]))
+    _refuse("TransformerConfig", _choices(self, arch=ARCHS, positions=POSITIONS, activation=ACTIVATIONS, norm=NORMS) + [
+        (self.num_decoder_layers == 0 and self.arch != "encoder_only", "num_decoder_layers must be >= 1"),
+        ((self.d_k is None or self.d_v is None) and self.d_model % self.num_heads,
+         f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; set d_k and d_v explicitly "
+         f"or change num_heads"),
+        (self.num_heads % self.kv_heads, f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"),
+        (self.positions == "rope" and self.head_dim_k % 2,
+         f"positions='rope' rotates pairs of dimensions: d_k={self.head_dim_k} must be even"),
+        (self.arch == "encoder_only" and self.num_encoder_layers == 0,
+         "arch='encoder_only' needs num_encoder_layers >= 1"),
+        (self.num_classes and self.arch != "encoder_only",
+         f"num_classes={self.num_classes}: a classification head is for arch='encoder_only' only"),
+        (not isinstance(self.compute, Compute), f"compute must be a Compute, got {type(self.compute).__name__}")])
     as_dtype(self.param_dtype)
-    if not isinstance(self.compute, Compute):
-      fail(f"compute must be a Compute, got {type(self.compute).__name__}")
 
   @property
   def kv_heads(self) -> int:
@@ -158,14 +144,6 @@ class TransformerConfig:
     """True when no family switch is set beyond what the paper's model (and kernels/) handle."""
     return (self.arch == "encoder_decoder" and self.positions in ("sinusoidal", "learned")
             and self.kv_heads == self.num_heads)
-
-  @property
-  def num_encoder_stack_layers(self) -> int:
-    return 0 if self.arch == "decoder_only" else self.num_encoder_layers
-
-  @property
-  def num_decoder_stack_layers(self) -> int:
-    return 0 if self.arch == "encoder_only" else self.num_decoder_layers
 
   @property
   def head_dim_k(self) -> int:

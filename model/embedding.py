@@ -9,13 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 def sinusoid(positions: jax.Array, d_model: int) -> jax.Array:
-  """The paper's encoding, sin and cos interleaved exactly as its formula writes them.
-
+  """The paper's encoding, sin and cos interleaved exactly as its formula writes them:
   PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
-  positions: int [...]. Returns float32 [..., d_model].
-  """
+  positions: int [...]. Returns float32 [..., d_model]."""
   if d_model % 2:
     raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
   two_i = np.arange(0, d_model, 2, dtype=np.float32)                  # [d_model / 2]
@@ -26,11 +23,8 @@ def sinusoid(positions: jax.Array, d_model: int) -> jax.Array:
 
 
 class Embedder(nn.Module):
-  """Token ids -> vectors scaled by sqrt(d_model), plus positions; dropout on the sum (the paper).
-
-  With `shared`, the embedding matrix comes from the parent so that encoder, decoder and the
-  pre-softmax projection all use one matrix.
-  """
+  """Token ids -> vectors scaled by sqrt(d_model), plus positions; dropout on the sum (the paper). With
+  `shared`, the parent's matrix: encoder, decoder and the pre-softmax projection use one."""
   d_model: int
   max_len: int
   dropout_rate: float
@@ -42,11 +36,9 @@ class Embedder(nn.Module):
   dropout_cls: Any = nn.Dropout   # model.ops chooses it (kernels/dropout16.py on the CPU)
 
   def setup(self):
-    if self.shared is not None:
-      self.table = self.shared
-    else:
-      self.table = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype, param_dtype=self.param_dtype,
-                            embedding_init=nn.initializers.normal(stddev=self.d_model ** -0.5))
+    self.table = self.shared or nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype,
+                                         param_dtype=self.param_dtype,
+                                         embedding_init=nn.initializers.normal(stddev=self.d_model ** -0.5))
     if self.position_kind == "learned":
       self.positions = nn.Embed(self.max_len, self.d_model, dtype=self.dtype,
                                 param_dtype=self.param_dtype,

@@ -5,11 +5,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from model.config import TransformerConfig, as_dtype
-
-
-def _dense(cfg: TransformerConfig, features: int, name: str):
-  return nn.Dense(features, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
-                  kernel_init=nn.initializers.xavier_uniform(), name=name)
+from model.layers import dense, layer_norm
 
 
 class MaskedLMHead(nn.Module):
@@ -18,8 +14,7 @@ class MaskedLMHead(nn.Module):
   cfg: TransformerConfig
 
   def setup(self):
-    from model.layers import layer_norm   # layers imports config; avoid a cycle at import time
-    self.transform = _dense(self.cfg, self.cfg.d_model, "transform")
+    self.transform = dense(self.cfg, self.cfg.d_model, "transform")
     self.norm = layer_norm(self.cfg)
     self.output_bias = self.param("output_bias", nn.initializers.zeros, (self.cfg.vocab_size,),
                                   as_dtype(self.cfg.param_dtype))
@@ -40,6 +35,6 @@ class ClassificationHead(nn.Module):
   @nn.compact
   def __call__(self, enc_out, deterministic=True):
     """enc_out [b, len, d_model] -> float32 logits [b, num_classes]."""
-    pooled = jnp.tanh(_dense(self.cfg, self.cfg.d_model, "pooler")(enc_out[:, 0]))
+    pooled = jnp.tanh(dense(self.cfg, self.cfg.d_model, "pooler")(enc_out[:, 0]))
     pooled = nn.Dropout(self.cfg.dropout_rate)(pooled, deterministic=deterministic)
-    return _dense(self.cfg, self.cfg.num_classes, "classifier")(pooled).astype(jnp.float32)
+    return dense(self.cfg, self.cfg.num_classes, "classifier")(pooled).astype(jnp.float32)

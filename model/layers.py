@@ -15,28 +15,29 @@ from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
 from model.ops import ops_for
 
-
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swish": nn.silu, "swiglu": nn.silu, "geglu": nn.gelu}
 
 
+def dense(cfg: TransformerConfig, features: int, name: str, dot_general=None):
+  """A dense layer [..., d_in] -> [..., features] with Glorot-uniform weights, in cfg's dtypes."""
+  return nn.Dense(features, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
+                  kernel_init=nn.initializers.xavier_uniform(), dot_general=dot_general, name=name)
+
+
 class FeedForward(nn.Module):
-  """max(0, x W1 + b1) W2 + b2 (the paper); with activation="gelu" GELU in place of max(0, .), with
-  "swish" SiLU, x * sigmoid(x) (Marian's);
-  the gated "swiglu" / "geglu" (Shazeer 2020) compute (act(x W1 + b1) * (x V + c)) W2 + b2."""
+  """max(0, x W1 + b1) W2 + b2 (the paper), or GELU ("gelu") or SiLU x * sigmoid(x) ("swish", Marian's) in
+  place of max(0, .); the gated "swiglu" and "geglu" (Shazeer 2020): (act(x W1 + b1) * (x V + c)) W2 + b2."""
   cfg: TransformerConfig
 
   @nn.compact
   def __call__(self, x, deterministic=True):
     """x [b, len, d_model] -> [b, len, d_model]."""
     cfg, ops = self.cfg, ops_for(self.cfg)
-    dense = lambda n, name, x: nn.Dense(n, dtype=as_dtype(cfg.compute.dtype), param_dtype=as_dtype(cfg.param_dtype),
-                                        kernel_init=nn.initializers.xavier_uniform(),
-                                        dot_general=ops.dot_general, name=name)(x)
-    h = _ACTIVATIONS[cfg.activation](dense(cfg.d_ff, "wi", x))   # [b, len, d_ff]
+    h = _ACTIVATIONS[cfg.activation](dense(cfg, cfg.d_ff, "wi", ops.dot_general)(x))   # [b, len, d_ff]
     if cfg.activation in ("swiglu", "geglu"):
-      h = h * dense(cfg.d_ff, "wi_linear", x)
+      h = h * dense(cfg, cfg.d_ff, "wi_linear", ops.dot_general)(x)
     h = ops.dropout(cfg.relu_dropout_rate, name="Dropout_0")(h, deterministic=deterministic)
-    return dense(cfg.d_model, "wo", h)                    # [b, len, d_model]
+    return dense(cfg, cfg.d_model, "wo", ops.dot_general)(h)                          # [b, len, d_model]
 
 
 def _attention(cfg: TransformerConfig, cross: bool = False):
@@ -49,13 +50,11 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
                             rope=cfg.positions == "rope" and not cross, impl=cfg.compute.attention_impl)
 
 
-def layer_norm(cfg: TransformerConfig, name=None):
+def layer_norm(cfg: TransformerConfig):
   """The norm cfg.norm names: LayerNorm (the paper) or RMSNorm (a scale, no centring, no bias)."""
-  if cfg.norm == "rmsnorm":
-    return nn.RMSNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
-                      param_dtype=as_dtype(cfg.param_dtype), name=name)
-  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
-                      param_dtype=as_dtype(cfg.param_dtype), name=name)
+  norm = nn.RMSNorm if cfg.norm == "rmsnorm" else nn.LayerNorm
+  return norm(epsilon=cfg.layer_norm_epsilon, dtype=as_dtype(cfg.compute.dtype),
+              param_dtype=as_dtype(cfg.param_dtype))
 
 
 class Residual(nn.Module):
@@ -102,11 +101,9 @@ class Step:
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN.
-
-  `__call__` is the teacher-forced pass over a whole target; `step` decodes one token per row using a
-  key/value cache for self-attention and precomputed cross-attention keys/values (`Decoder.cross_kv`).
-  """
+  """Masked self-attention, encoder-decoder attention (none with arch="decoder_only"), FFN: over a whole
+  target (`__call__`), or one token per row (`step`) with a key/value cache and the cross-attention's
+  keys and values computed once (`Decoder.cross_kv`)."""
   cfg: TransformerConfig
 
   def setup(self):
@@ -146,13 +143,9 @@ class DecoderLayer(nn.Module):
     return self.residual_ffn(x, self.ffn), new
 
   def step(self, x, layer_cache, cross, step: Step):
-    """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows).
-
-    x: [n, 1, d_model], the embedded current tokens; layer_cache: this layer's part of the decoding
-    cache; cross: this layer's cross-attention keys and values from `step.kv.prepare_cross` (None
-    without cross-attention); step: what every layer of the step reads. Returns (y [n, 1, d_model], new
-    layer_cache).
-    """
+    """One decoding step for n = b * k rows (k hypotheses per source sentence, adjacent rows): the
+    embedded tokens x [n, 1, d_model], this layer's cache, its cross-attention keys and values from
+    `step.kv.prepare_cross` (None without cross-attention). Returns (y [n, 1, d_model], new layer cache)."""
     new_cache, kv = {}, step.kv
     attend = self.self_attention.heads
     if step.bias is not None or step.key_mask is not None:
@@ -179,5 +172,4 @@ class DecoderLayer(nn.Module):
     x = self.residual_self(x, self_attend)
     if self.has_cross:
       x = self.residual_cross(x, cross_attend)
-    x = self.residual_ffn(x, self.ffn)
-    return x, new_cache["layer"]
+    return self.residual_ffn(x, self.ffn), new_cache["layer"]

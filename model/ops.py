@@ -1,15 +1,11 @@
 """What the layers compute with, and what decoding runs on: the plain operations, or a backend's.
 
-This module is model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers read
-what they compute with from `ops_for`, the teacher-forced attention from `attention`, and decoding what
-it runs on from `decoding_for`; none knows which backend filled them in. Compute.kernels
-chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is kernels/cpu_backend.py, the
-XLA:CPU fast paths (same results: tests/test_kernels.py, tests/test_cpu_decoding.py); "auto" picks "cpu"
-in a program lowered for the CPU and "reference" in one lowered for a GPU or TPU. The train and eval
-steps resolve "auto" where the program is lowered (`on_lowering_platform`, jax.lax.platform_dependent):
-a step exported from this CPU host for "cuda" is exactly the step a GPU host traces with "reference".
-Decoding, whose cache layout is chosen before anything is traced, resolves it from the devices JAX runs
-on (kernels.resolve).
+model/'s one door to kernels/ (tests/test_imports.py holds it to that): the layers take their pieces from
+`ops_for` and `attention`, decoding from `decoding_for`, none knowing which backend filled them in.
+Compute.kernels chooses: "reference" is the plain pieces below and model/cache.py; "cpu" is
+kernels/cpu_backend.py's XLA:CPU fast paths (same results: tests/test_kernels.py, test_cpu_decoding.py);
+"auto" is "cpu" on the CPU: where the train and eval steps are lowered for it (kernels.on_lowering_platform),
+and for decoding, whose cache layout is chosen before tracing, where JAX runs (kernels.resolve).
 """
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA
 # attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
 # Compute.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
 attention = fused_attention.attention
+PackedMask = fused_attention.PackedMask   # a teacher-forced mask with its segment ids (packed_mask)
 
 
 def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
@@ -43,18 +40,12 @@ def rounded_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_e
 
 @dataclasses.dataclass(frozen=True)
 class Ops:
-  """The pieces the layers are built from.
-
-  dot_general: for every matmul (None: lax.dot_general in the compute dtype).
-  dropout: an nn.Dropout-style module class (rate; deterministic and rng at call time).
-  fused_loss: whether train/ fuses the output layer with the loss (train/chunked_loss.py): every
-  architecture with a decoder, on every path; the masked LM's head keeps full logits.
-  matmul_dtype: cfg.compute.matmul_dtype resolved: the operand dtype where it differs from the compute dtype
-  (mixed precision), else None.
-  """
-  matmul_dtype: Any
-  dot_general: Callable | None
-  dropout: type
+  """The pieces the layers are built from."""
+  matmul_dtype: Any              # the matmul operand dtype where it differs from the compute dtype, else None
+  dot_general: Callable | None   # for every matmul (None: lax.dot_general in the compute dtype)
+  dropout: type                  # an nn.Dropout-style module class
+  # Whether train/ fuses the output layer with the loss (train/chunked_loss.py): every architecture with
+  # a decoder, on every path; the masked LM's head keeps full logits.
   fused_loss: bool
 
   @property
@@ -67,26 +58,18 @@ class Ops:
 
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-  """What incremental decoding runs on; a backend replaces the pieces it runs faster.
-
-  cache: beam_slots -> the decoding cache object (model.cache.KVCache's methods).
-  decoding_weights / decoding_logits: the pre-softmax weights as decoding reads them (computed once per
-  set of parameters from the [vocab, d_model] table: Transformer.decoding_weights), and decoder outputs
-  [n, d_model] x those -> float32 logits.
-  beam_extensions: None, or a backend's kernel with the signature of decode.beam_search.select_extensions.
-  extensions: select_extensions -> what a search picks a step's candidates with (None: select_extensions
-  itself): the backend's kernel where the program is lowered for its platform, select_extensions elsewhere.
-  layer_weights: None, or the decoder's parameters -> a dict of what else a step reads that depends on
-  the parameters alone (joins the decoding memory, once per set of parameters).
-  step_scope: the decoding memory -> the context the decoder's step runs in (a backend may intercept the
-  layers' calls there, nn.intercept_methods; the plain one changes nothing).
-  """
-  cache: Callable[[bool], Any]
-  decoding_weights: Callable
-  decoding_logits: Callable
+  """What incremental decoding runs on; a backend replaces the pieces it runs faster."""
+  cache: Callable[[bool], Any]   # beam_slots -> the decoding cache object (model/cache.py's KVCache methods)
+  decoding_weights: Callable     # the [vocab, d_model] output table -> the weights decoding_logits reads
+  decoding_logits: Callable      # decoder outputs [n, d_model], those weights -> float32 logits [n, vocab]
+  # None, or a backend's kernel with the signature of decode.beam_search.select_extensions.
   beam_extensions: Callable | None = None
+  # select_extensions -> what a search picks a step's candidates with (None: select_extensions itself).
   extensions: Callable = lambda select_extensions: None
+  # None, or the decoder's parameters -> a dict of what else a step reads (Transformer.decoding_weights).
   layer_weights: Callable | None = None
+  # The decoding memory -> the context the decoder's step runs in (where a backend may intercept the
+  # layers' calls, nn.intercept_methods).
   step_scope: Callable = lambda memory: contextlib.nullcontext()
 
 
@@ -103,24 +86,13 @@ def _mixed(cfg: TransformerConfig):
 
 def ops_for(cfg: TransformerConfig) -> Ops:
   """The reference or fast pieces for `cfg` (see the module docstring). Builds nothing."""
-  dtype, mixed = _mixed(cfg)
-  fused_loss = cfg.arch != "encoder_only"   # the same on every path
+  _, mixed = _mixed(cfg)
   if kernels.resolve(cfg.compute.kernels) == "cpu":
     dot_general, dropout = cpu_backend.layer_ops(mixed)
-    return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
-  dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=nn.Dropout, fused_loss=fused_loss)
-
-
-def on_lowering_platform(fn: Callable, cfg: TransformerConfig, *args):
-  """fn(cfg, *args), with cfg.compute.kernels="auto" resolved by the platform the program is lowered for: a
-  program lowered for the CPU runs fn with kernels="cpu", one lowered for anything else with
-  "reference". Both are traced; only the lowered platform's branch reaches the compiled program.
-  args are passed through as arguments: a branch must close over no arrays (jax.export)."""
-  if cfg.compute.kernels != "auto":
-    return fn(cfg, *args)
-  branch = lambda kernels: functools.partial(fn, cfg.with_compute(kernels=kernels))
-  return lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
+  else:
+    dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
+    dropout = nn.Dropout
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=cfg.arch != "encoder_only")
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:

@@ -21,12 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.config import TransformerConfig, as_dtype
+
 
 def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
   """Rotates x [b, len, h, d] (d even) by its positions int [b, len]; returns x's shape and dtype.
-
-  Dimension pairs (i, i + d/2) are rotated by the angle position * base^(-2i/d), in float32.
-  """
+  Dimension pairs (i, i + d/2) are rotated by the angle position * base^(-2i/d), in float32."""
   d = x.shape[-1]
   if d % 2:
     raise ValueError(f"rope needs an even head dimension, got {d}")
@@ -52,10 +52,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(q_positions: jax.Array, k_positions: jax.Array, num_heads: int) -> jax.Array:
-  """-m_h * |i - j| for queries at q_positions int [b, q] and keys at k_positions int [b, k].
-
-  Returns float32 [b, h, q, k]. Causality comes from the mask, so one formula serves both directions.
-  """
+  """-m_h * |i - j| for queries at q_positions int [b, q] and keys at k_positions int [b, k]: float32
+  [b, h, q, k]. Causality comes from the mask, so one formula serves both directions."""
   distance = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])   # [b, 1, q, k]
   slopes = jnp.asarray(alibi_slopes(num_heads))[None, :, None, None]                   # [1, h, 1, 1]
   return -slopes * distance.astype(jnp.float32)
@@ -64,12 +62,10 @@ def alibi_bias(q_positions: jax.Array, k_positions: jax.Array, num_heads: int) -
 def relative_bucket(relative_position, bidirectional: bool, num_buckets: int = 32,
                     max_distance: int = 128):
   """T5's bucket of relative_position = key position - query position (int array, any shape).
-
   Bidirectional: half the buckets for keys after the query, half for keys at or before it. Causal: keys
   after the query (which the mask hides anyway) share bucket 0 with the query itself. In each half, the
   first half of the buckets are exact distances; the rest grow logarithmically up to max_distance, and
-  everything further shares the last bucket.
-  """
+  everything further shares the last bucket."""
   relative_position = jnp.asarray(relative_position)
   bucket = jnp.zeros_like(relative_position)
   distance = -relative_position                          # > 0: the key lies before the query
@@ -105,3 +101,24 @@ class RelativeBias(nn.Module):
     relative = k_positions[:, None, :] - q_positions[:, :, None]                       # [b, q, k]
     buckets = relative_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
     return jnp.take(table.astype(jnp.float32), buckets, axis=0).transpose(0, 3, 1, 2)  # [b, h, q, k]
+
+
+class PositionBias(nn.Module):
+  """The self-attention score bias of positions="alibi" or "relative", one per stack and shared by its
+  layers; None for the other position kinds."""
+  cfg: TransformerConfig
+  bidirectional: bool
+
+  def setup(self):
+    cfg = self.cfg
+    if cfg.positions == "relative":
+      self.relative = RelativeBias(cfg.num_heads, self.bidirectional, cfg.relative_buckets,
+                                   cfg.relative_max_distance, as_dtype(cfg.param_dtype))
+
+  def __call__(self, q_positions, k_positions):
+    """q_positions int [b, q], k_positions int [b, k] -> float32 [b, h, q, k] or None."""
+    if self.cfg.positions == "alibi":
+      return alibi_bias(q_positions, k_positions, self.cfg.num_heads)
+    if self.cfg.positions == "relative":
+      return self.relative(q_positions, k_positions)
+    return None

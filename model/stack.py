@@ -4,30 +4,25 @@ layer optionally rematerialized. Neither switch changes what the model computes.
     layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)   # in setup
     x = stack.apply(layers, x, mask, deterministic, positions, bias)
 
-cfg.compute.remat: which activations of a layer the backward pass keeps; the rest it recomputes from the layer's
-input (jax.checkpoint through nn.remat):
-  none     everything the forward pass made (no recomputation);
-  minimal  the outputs of the matmuls with no batch dimension (jax.checkpoint_policies.
-           dots_with_no_batch_dims_saveable): the projections Q, K, V, the attention output and the FFN,
-           which hold nearly all of a layer's FLOPs; attention scores and probabilities [b, h, q, k],
-           dropout masks, norms and activations are recomputed, which costs a few elementwise passes
-           and the two batched attention matmuls;
-  full     nothing but the layer's input: the forward pass is run twice.
+cfg.compute.remat: what of a layer's activations the backward pass keeps (jax.checkpoint through nn.remat);
+it recomputes the rest from the layer's input:
+  none     everything (no recomputation);
+  minimal  the outputs of the matmuls with no batch dimension (dots_with_no_batch_dims_saveable): Q, K, V,
+           the attention output and the FFN, nearly all of a layer's FLOPs; the scores [b, h, q, k], dropout
+           masks, norms and activations are recomputed (a few elementwise passes, two batched matmuls);
+  full     the layer's input only: the forward pass runs twice.
 cfg.compute.scan_layers: the layers become one nn.scan whose parameters are stacked on a leading axis,
   params[stack]['layers'][...] [num_layers, ...] instead of params[stack]['layers_0'] ...; XLA compiles
-  the layer once instead of once per layer. `unroll_params` and `scan_params` convert between the two
-  layouts; decoding reads the unrolled one (run.load_run converts a scanned run when it opens it).
+  the layer once instead of once per layer. Decoding reads the unrolled layout (run/layout.py converts).
 """
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import numpy as np
 
 from model.config import TransformerConfig
 
 POLICIES = {"minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable, "full": None}
-STACKS = ("encoder", "decoder")
 SCANNED = "layers"   # the scanned stack's module name; the unrolled layers are layers_0, layers_1, ...
 
 
@@ -70,47 +65,4 @@ def check_unrolled(cfg: TransformerConfig, what: str) -> None:
   """Decoding runs layer by layer over the unrolled layout; refuses a scanned model, naming the fix."""
   if cfg.compute.scan_layers:
     raise ValueError(f"{what}: scan_layers=True stacks the layers for training; decode with the unrolled "
-                     f"layout: model, params = model.stack.unrolled(model, params) (run.load_run does it)")
-
-
-def _layer_index(name: str) -> int | None:
-  prefix, _, index = name.rpartition("_")
-  return int(index) if prefix == SCANNED and index.isdigit() else None
-
-
-def unroll_params(params):
-  """A parameter tree in the scanned layout -> the unrolled one (unchanged where already unrolled).
-
-  params[stack]['layers'] leaves [num_layers, ...] -> params[stack]['layers_i'] leaves [...]. Works on
-  any tree of that structure (Adam's moments too) and on host or device arrays."""
-  params = dict(params)
-  for name in STACKS:
-    if name in params and SCANNED in params[name]:
-      part = dict(params[name])
-      stacked = part.pop(SCANNED)
-      for i in range(jax.tree_util.tree_leaves(stacked)[0].shape[0]):
-        part[f"{SCANNED}_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], stacked)
-      params[name] = part
-  return params
-
-
-def scan_params(params):
-  """The inverse of `unroll_params`: params[stack]['layers_i'] -> params[stack]['layers'] stacked, as
-  host (numpy) arrays."""
-  params = dict(params)
-  for name in STACKS:
-    if name in params:
-      part = dict(params[name])
-      indices = sorted(i for i in map(_layer_index, part) if i is not None)
-      if indices:
-        layers = [part.pop(f"{SCANNED}_{i}") for i in indices]
-        part[SCANNED] = jax.tree_util.tree_map(lambda *a: np.stack([np.asarray(x) for x in a]), *layers)
-        params[name] = part
-  return params
-
-
-def unrolled(model, params):
-  """(model, params) -> the same model with scan_layers=False and its parameters in that layout."""
-  if not model.cfg.compute.scan_layers:
-    return model, params
-  return type(model)(model.cfg.with_compute(scan_layers=False)), unroll_params(params)
+                     f"layout: model, params = run.layout.unrolled(model, params) (run.load_run does it)")

@@ -24,7 +24,7 @@ from model.heads import ClassificationHead, MaskedLMHead
 from model import stack
 from model.layers import DecoderLayer, EncoderLayer, Step, layer_norm
 from model.ops import decoding_for, ops_for
-from model.positions import RelativeBias, alibi_bias
+from model.positions import PositionBias
 
 
 def _segments_and_positions(ids, segments, positions):
@@ -36,69 +36,43 @@ def _segments_and_positions(ids, segments, positions):
   return segments, positions
 
 
-def _embedder(cfg: TransformerConfig, shared):
-  return Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, shared, cfg.vocab_size,
-                  as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
-
-
-class PositionBias(nn.Module):
-  """The self-attention score bias of positions="alibi" or "relative" (one per stack, shared by its
-  layers); None for the other position kinds."""
-  cfg: TransformerConfig
-  bidirectional: bool
-
-  def setup(self):
-    cfg = self.cfg
-    if cfg.positions == "relative":
-      self.relative = RelativeBias(cfg.num_heads, self.bidirectional, cfg.relative_buckets,
-                                   cfg.relative_max_distance, as_dtype(cfg.param_dtype))
-
-  def __call__(self, q_positions, k_positions):
-    """q_positions int [b, q], k_positions int [b, k] -> float32 [b, h, q, k] or None."""
-    if self.cfg.positions == "alibi":
-      return alibi_bias(q_positions, k_positions, self.cfg.num_heads)
-    if self.cfg.positions == "relative":
-      return self.relative(q_positions, k_positions)
-    return None
-
-
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+  """What the encoder and the decoder share: the embedding, the layers, the position bias (alibi,
+  relative) and, with pre_norm, a final norm."""
   cfg: TransformerConfig
   shared_embedding: nn.Module | None = None
   packed: bool = True   # Transformer.packed
 
   def setup(self):
-    cfg = self.cfg
-    self.embed = _embedder(cfg, self.shared_embedding)
-    self.layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)
-    self.position_bias = PositionBias(cfg, bidirectional=True)
+    cfg, decoder = self.cfg, isinstance(self, Decoder)
+    self.embed = Embedder(cfg.d_model, cfg.max_len, cfg.dropout_rate, cfg.positions, self.shared_embedding,
+                          cfg.vocab_size, as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype), ops_for(cfg).dropout)
+    if decoder:
+      self.layers = stack.make(cfg, DecoderLayer, cfg.num_decoder_layers, deterministic_argnum=5)
+    else:
+      self.layers = stack.make(cfg, EncoderLayer, cfg.num_encoder_layers, deterministic_argnum=3)
+    self.position_bias = PositionBias(cfg, bidirectional=not decoder)
     if cfg.pre_norm:
       self.final_norm = layer_norm(cfg)
+
+  def _finish(self, x):
+    return self.final_norm(x) if self.cfg.pre_norm else x
+
+
+class Encoder(_Stack):
+  """The embedded source through N layers of self-attention and FFN."""
 
   def __call__(self, src, src_segments, src_positions, deterministic=True):
     """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
     x = self.embed(src, src_positions, deterministic)
     mask = packed_mask(src_segments, src_segments, packed=self.packed)   # dense [b, 1, src_len, src_len]
     bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
-    x = stack.apply(self.layers, x, mask, deterministic, src_positions, bias)
-    return self.final_norm(x) if self.cfg.pre_norm else x
+    return self._finish(stack.apply(self.layers, x, mask, deterministic, src_positions, bias))
 
 
-class Decoder(nn.Module):
-  cfg: TransformerConfig
-  shared_embedding: nn.Module | None = None
-  packed: bool = True   # Transformer.packed
-
-  def setup(self):
-    cfg = self.cfg
-    self.embed = _embedder(cfg, self.shared_embedding)
-    self.layers = stack.make(cfg, DecoderLayer, cfg.num_decoder_layers, deterministic_argnum=5)
-    self.position_bias = PositionBias(cfg, bidirectional=False)
-    if cfg.pre_norm:
-      self.final_norm = layer_norm(cfg)
-
-  def _finish(self, x):
-    return self.final_norm(x) if self.cfg.pre_norm else x
+class Decoder(_Stack):
+  """The embedded target through N layers of masked self-attention, cross-attention and FFN; teacher-forced
+  (`__call__`), one token per step (`step`), or a decoder-only prompt in one cached pass (`prefill`)."""
 
   def __call__(self, tgt_in, tgt_segments, tgt_positions, enc_out, src_segments, deterministic=True):
     """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer).
@@ -115,7 +89,7 @@ class Decoder(nn.Module):
     """Decoder-only: runs a prompt int [n, P], left-padded with 0, through the stack in one pass and
     writes its keys and values into a plain cache (positions 0..P-1). Returns (outputs of its last
     position [n, d_model], cache at index P with 'offset' [n] = each row's left padding)."""
-    n, length = prompt.shape
+    length = prompt.shape[1]
     offset = length - jnp.sum(prompt != 0, axis=1).astype(jnp.int32)              # [n]
     positions = jnp.maximum(jnp.arange(length, dtype=jnp.int32)[None] - offset[:, None], 0)
     segments = (prompt != 0).astype(jnp.int32)
@@ -136,57 +110,46 @@ class Decoder(nn.Module):
   def step(self, ids, cache, cross, src_mask, kv):
     """ids int32 [n] at position cache['index']; kv: the decoding cache object (model/cache.py) that
     made `cache`. Returns (outputs [n, d_model], new cache)."""
-    index = cache["index"][0]
+    index, n = cache["index"][0], ids.shape[0]
     positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
-    key_mask = None
+    key_positions = key_mask = None
+    if "offset" in cache or self.cfg.positions in ("alibi", "relative"):   # plain cache: k [n, L, g, d_k]
+      length = cache["layers"][0]["k"].shape[1]
+      key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length))   # [n, L]
     if "offset" in cache:       # a decoder-only prompt, left-padded by offset [n]
       positions = positions - cache["offset"][:, None]
-      length = cache["layers"][0]["k"].shape[1]
-      key_positions = jnp.arange(length, dtype=jnp.int32)[None] - cache["offset"][:, None]   # [n, L]
-      key_mask = (key_positions >= 0)[:, None, None, :]                                      # [n,1,1,L]
-    else:
-      key_positions = None
+      key_positions = key_positions - cache["offset"][:, None]
+      key_mask = (key_positions >= 0)[:, None, None, :]                                    # [n, 1, 1, L]
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
-    bias = None
-    if self.cfg.positions in ("alibi", "relative"):
-      if key_positions is None:
-        length = cache["layers"][0]["k"].shape[1]
-        key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (ids.shape[0], length))
-      bias = self.position_bias(positions, key_positions)       # [n, h, 1, L]
-    new_cache, context = kv.start_step(cache, index, ids.shape[0] if src_mask is None else src_mask.shape[0])
-    new_cache["index"] = cache["index"] + 1
-    if "offset" in cache:
-      new_cache["offset"] = cache["offset"]
+    bias = None if key_positions is None else self.position_bias(positions, key_positions)   # [n, h, 1, L]
+    carried, context = kv.start_step(cache, index, n if src_mask is None else src_mask.shape[0])
     step = Step(index, kv, context, positions, src_mask, bias, key_mask)
     cross = cross if cross is not None else [None] * len(self.layers)
     new_layers = []
     for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):
       x, new_layer_cache = layer.step(x, layer_cache, layer_cross, step)
       new_layers.append(new_layer_cache)
-    new_cache["layers"] = new_layers
-    return self._finish(x)[:, 0], new_cache
+    # Carried over: 'offset'; renewed: 'index', the layers and what start_step renews.
+    return self._finish(x)[:, 0], {**cache, **carried, "index": cache["index"] + 1, "layers": new_layers}
 
 
 class Transformer(nn.Module):
   """Encoder-decoder with (by default) one embedding matrix shared by both inputs and the output.
 
-  packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises
-  one sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths
-  (and a causal flag) instead of a dense mask (kernels/fused_attention.py). Not a parameter: it never
-  changes what the model computes on batches that keep the promise."""
+  packed: whether a teacher-forced batch's rows may hold several sequences (data.pack). False promises one
+  sequence a row, padding after it, so that a fused attention kernel takes the mask as lengths and a causal
+  flag (kernels/fused_attention.py); on batches that keep the promise it changes nothing."""
   cfg: TransformerConfig
   packed: bool = True
 
   def setup(self):
     cfg, ops = self.cfg, ops_for(self.cfg)
     dtype, param_dtype = as_dtype(cfg.compute.dtype), as_dtype(cfg.param_dtype)
+    shared = None
     if cfg.share_embeddings:
-      shared = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
-                        embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5),
-                        name="shared_embedding")
-      self.shared_embedding = shared
-    else:
-      shared = None
+      shared = self.shared_embedding = nn.Embed(
+          cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+          embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5), name="shared_embedding")
     if cfg.arch != "decoder_only":
       self.encoder = Encoder(cfg, shared, self.packed)
     if cfg.arch != "encoder_only":
@@ -205,13 +168,9 @@ class Transformer(nn.Module):
                                           param_dtype)
 
   def add_logits_bias(self, logits):
-    """float32 logits [..., vocab] + the learned logits bias (cfg.logits_bias, Marian's
-    final_logits_bias); unchanged without it. Every path that makes logits ends here: the teacher-forced
-    `logits`, `decode_step` and `prefill`. `features` returns the pre-bias pieces; the chunked loss
-    (train/chunked_loss.py) adds the bias itself, read from params['final_logits_bias']."""
-    if not self.cfg.logits_bias:
-      return logits
-    return logits + self.final_logits_bias.astype(jnp.float32)
+    """float32 logits [..., vocab] + the learned bias of cfg.logits_bias (Marian's final_logits_bias), on
+    every path that makes logits; the chunked loss (train/chunked_loss.py) adds it to `features`' itself."""
+    return logits + self.final_logits_bias.astype(jnp.float32) if self.cfg.logits_bias else logits
 
   def logits(self, y):
     """Decoder outputs [..., d_model] -> float32 logits [..., vocab], whatever the compute dtype."""
@@ -237,10 +196,8 @@ class Transformer(nn.Module):
 
   def features(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
-    """Like __call__, but stops before the output projection (for a fused output layer and loss).
-
-    Returns (decoder outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model]).
-    """
+    """Like __call__, but stops before the output projection, for a fused output layer and loss: (decoder
+    outputs [b, tgt_len, d_model] in the compute dtype, output_table() [vocab, d_model])."""
     y = self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions,
                              deterministic)
     if not self.cfg.share_embeddings and self.is_initializing():
@@ -273,9 +230,8 @@ class Transformer(nn.Module):
   def __call__(self, src, tgt_in, src_segments=None, tgt_segments=None, src_positions=None,
                tgt_positions=None, deterministic=True):
     """src [b, src_len], tgt_in [b, tgt_len] (BOS + target, shifted right) -> logits [b, tgt_len, vocab].
-
-    arch="decoder_only": logits over tgt_in (src unused, may be None); arch="encoder_only": masked-LM
-    logits over src [b, src_len, vocab] (tgt_in unused, may be None)."""
+    Decoder-only: logits over tgt_in (src may be None); encoder-only: masked-LM logits [b, src_len, vocab]
+    over src (tgt_in may be None)."""
     return self.logits(self._teacher_forced(src, tgt_in, src_segments, tgt_segments, src_positions,
                                             tgt_positions, deterministic))
 
@@ -308,11 +264,9 @@ class Transformer(nn.Module):
     return self.add_logits_bias(decoding_for(self.cfg).decoding_logits(y, memory["output"])), cache
 
   def decode_step(self, ids, cache, memory, src_mask):
-    """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r).
-
-    ids int32 [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...]
-    leaves); src_mask bool [b, src_len]. Returns (logits float32 [n, vocab], new cache).
-    """
+    """One incremental step for n = b * k rows (rows r*k .. r*k+k-1 translate source sentence r): ids int32
+    [n]; cache from `init_cache(cfg, n, max_len)`; memory from `prepare_decoding` ([b, ...] leaves); src_mask
+    bool [b, src_len] (None without cross-attention). Returns (logits float32 [n, vocab], new cache)."""
     backend = decoding_for(self.cfg)
     with backend.step_scope(memory):
       y, cache = self.decoder.step(ids, cache, memory.get("cross"), src_mask,
@@ -321,13 +275,10 @@ class Transformer(nn.Module):
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, max_len: int, beam_slots: bool = False):
-  """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens.
-
-  Every leaf has leading dimension batch_size (so beam search can tile and reorder it), among them
-  'index' int32 [batch_size], the position the next token is written to (equal across rows); the rest
-  is the chosen cache's (model/cache.py, or the decoding backend's: model/ops.py). beam_slots=True
-  asks for a cache that beam search reorders with `reorder_cache` only (a backend may keep keys and
-  values in place).
+  """An empty self-attention cache for `batch_size` rows and up to `max_len` decoded tokens: 'index' int32
+  [batch_size] (the position written next, equal across rows) and the chosen cache's entries (model/cache.py,
+  or the decoding backend's), every leaf [batch_size, ...] so that beam search can tile and reorder it.
+  beam_slots=True: a cache that only `reorder_cache` reorders (a backend may keep keys and values in place).
   """
   if max_len > cfg.max_len and cfg.positions == "learned":
     raise ValueError(f"max_len={max_len} exceeds the model's learned positions (cfg.max_len={cfg.max_len})")

@@ -26,8 +26,9 @@ import ml_collections
 
 from data import cache as data_cache
 from data.vocab import VOCAB_FILE, VOCAB_INFO, PairVocab, Vocab, check_vocab, open_vocab
-from model import Compute, Transformer, TransformerConfig, stack
+from model import Compute, Transformer, TransformerConfig
 from run import checkpoint as ckpt
+from run import layout
 from run.config import CONFIG_FILE, load_run_config
 from run.user_errors import UserError
 from run.workdir import DAMAGED, read_file, run_file, write_atomically
@@ -103,7 +104,7 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
                 f"checkpoint {step} of {workdir}")
   except ValueError as error:
     raise UserError(str(error)) from None
-  model, params = stack.unrolled(Transformer(cfg), params)   # decoding and export read layer by layer
+  model, params = layout.unrolled(Transformer(cfg), params)   # decoding and export read layer by layer
   return Run(config=config, model=model, params=params, vocab=vocab, step=step)
 
 

@@ -18,8 +18,8 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging   # Orbax logs through absl
 
-from model import stack
 from run import checkpoint as ckpt
+from run import layout
 from run.config import CONFIG_FILE, load_run_config, read_config_json, save_config
 from run.console import log_to_console
 
@@ -32,8 +32,8 @@ def convert_tree(tree, scan_layers: bool):
   each of Adam's moments) in the scanned (scan_layers=True) or unrolled layout; the rest unchanged."""
   if isinstance(tree, dict):
     tree = {key: convert_tree(value, scan_layers) for key, value in tree.items()}
-    if any(name in tree for name in stack.STACKS):
-      tree = stack.scan_params(tree) if scan_layers else stack.unroll_params(tree)
+    if any(name in tree for name in layout.STACKS):
+      tree = layout.scan_params(tree) if scan_layers else layout.unroll_params(tree)
     return tree
   if isinstance(tree, (list, tuple)):
     return type(tree)(convert_tree(value, scan_layers) for value in tree)

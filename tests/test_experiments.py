@@ -11,10 +11,11 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from model import TransformerConfig, num_params
+from model import TransformerConfig
 import run
 import experiments
 from run import metrics as metrics_io
+from train.flops import num_params
 from train.train import train_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Compute, Transformer, TransformerConfig, init_cache, num_params
+from model import Compute, Transformer, TransformerConfig, init_cache
 from model.cache import KVCache
 from model.ops import decoding_for
 from model.positions import alibi_slopes, relative_bucket, rope
 from run import config as run_config
+from train.flops import num_params
 
 SMALL = dict(vocab_size=31, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=2,
              num_decoder_layers=2, dropout_rate=0.0, max_len=64,

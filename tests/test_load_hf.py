@@ -23,9 +23,9 @@ from data.vocab import BOS, EOS, PAD, PairVocab
 from decode.translate import translate
 from export import load_hf
 from export.load_hf import UnsupportedModel
-from model import num_params
 from model.config import TransformerConfig
 import run
+from train.flops import num_params
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORDS = ("the a cat dog sat on mat house tree runs quickly slowly red blue green big small over under "

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Compute, Transformer, TransformerConfig, base, big, init_cache, num_params, reorder_cache
+from model import Compute, Transformer, TransformerConfig, base, big, init_cache, reorder_cache
 from model.embedding import sinusoid
+from train.flops import num_params
 
 SMALL = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                           num_decoder_layers=2, dropout_rate=0.0, max_len=64)

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from model import Compute, Transformer, TransformerConfig, stack
-from run import checkpoint as ckpt
+from model import Compute, Transformer, TransformerConfig
+from run import checkpoint as ckpt, layout
 from run.convert import convert_run, main
 
 CFG = TransformerConfig(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=2,
@@ -56,8 +56,8 @@ def test_convert_to_scanned_and_back(tmp_path):
   reader.close()
   assert meta == {"step": 3, "rng": [1, 2]}
   assert got_params["decoder"]["layers"]["ffn"]["wo"]["kernel"].shape == (3, 32, 16)
-  _equal(got_params, stack.scan_params(params))
-  _equal(got_opt[0].mu, stack.scan_params(opt_state[0].mu))
+  _equal(got_params, layout.scan_params(params))
+  _equal(got_opt[0].mu, layout.scan_params(opt_state[0].mu))
 
   with pytest.raises(FileExistsError):
     convert_run(scanned_dir, run, False)

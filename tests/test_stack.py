@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from model import Compute, Transformer, TransformerConfig, init_cache
-from model import stack
+from run import layout
 
 CFG = TransformerConfig(vocab_size=61, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
                         num_decoder_layers=3, max_len=32, dropout_rate=0.1, compute=Compute(kernels="reference"))
@@ -55,16 +55,16 @@ def test_remat_gives_the_gradients_of_none_with_dropout():
 def test_scanned_layers_equal_unrolled():
   unrolled = _init(CFG)
   cfg = CFG.with_compute(scan_layers=True, remat="full")
-  scanned = stack.scan_params(unrolled)
+  scanned = layout.scan_params(unrolled)
   assert set(scanned["encoder"]) == {"embed", "layers"} - ({"embed"} - set(unrolled["encoder"]))
   assert jax.tree_util.tree_structure(scanned) == jax.tree_util.tree_structure(_init(cfg))
   assert scanned["decoder"]["layers"]["ffn"]["wi"]["kernel"].shape == (3, 32, 64)   # [layers, d, d_ff]
-  back = stack.unroll_params(scanned)
+  back = layout.unroll_params(scanned)
   for x, y in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(unrolled)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   np.testing.assert_allclose(Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              Transformer(CFG).apply({"params": unrolled}, SRC, TGT), atol=1e-5)
-  grads = stack.unroll_params(_grads(cfg, scanned, True))
+  grads = layout.unroll_params(_grads(cfg, scanned, True))
   _assert_trees_close(grads, _grads(CFG, unrolled, True))
 
 
@@ -72,7 +72,7 @@ def test_scanned_family_equals_unrolled():
   base = CFG.replace(arch="decoder_only", positions="relative", pre_norm=True, num_kv_heads=2)
   unrolled = Transformer(base).init(jax.random.key(0), SRC, TGT)["params"]
   cfg = base.with_compute(scan_layers=True)
-  scanned = stack.scan_params(unrolled)
+  scanned = layout.scan_params(unrolled)
   np.testing.assert_allclose(Transformer(cfg).apply({"params": scanned}, SRC, TGT),
                              Transformer(base).apply({"params": unrolled}, SRC, TGT), atol=1e-5)
 
@@ -82,7 +82,7 @@ def test_scanned_model_decodes_after_unrolling():
   scanned = _init(cfg)
   with pytest.raises(ValueError, match="unrolled"):
     init_cache(cfg, 2, 8)
-  model, params = stack.unrolled(Transformer(cfg), scanned)
+  model, params = layout.unrolled(Transformer(cfg), scanned)
   assert not model.cfg.compute.scan_layers and "layers_2" in params["decoder"]
   # The unrolled model's cached decoding reproduces the scanned model's teacher-forced logits.
   enc_out = model.apply({"params": params}, SRC, method="encode")

@@ -1,5 +1,7 @@
-"""Model FLOPs per training step, the devices' peak, and MFU (docs/accelerators.md, "MFU").
+"""A model's size: its parameters, model FLOPs per training step, the devices' peak, and MFU
+(docs/accelerators.md, "MFU").
 
+    count = num_params(cfg)                                    # what init creates, from its shapes
     flops = train_step_flops(cfg, rows, src_len, tgt_len)      # from the config and the batch shape
     peak = peak_flops(jax.devices(), cfg, override=config.train.peak_flops)
     meter = Meter(cfg, peak); meter.add(batch) per step; meter.report(seconds) per log line
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model import TransformerConfig
+from model import Transformer, TransformerConfig
 from model.config import as_dtype
 
 # Dense (no sparsity) peak matmul FLOP/s per device, from the vendors' data sheets (docs/accelerators.md
@@ -45,6 +47,24 @@ PEAKS = (
 
 
 # ----------------------------------------------------------------------------------------------------
+# Parameters.
+# ----------------------------------------------------------------------------------------------------
+def num_params(cfg: TransformerConfig) -> int:
+  """Parameters `Transformer(cfg).init` creates (with the classification head where cfg has one), from
+  jax.eval_shape: nothing is allocated or computed."""
+  model = Transformer(cfg)
+  ids = jnp.ones((1, 4), jnp.int32)   # [batch, length]: any shape within max_len gives the same params
+
+  def init():
+    params = model.init(jax.random.key(0), ids, ids)["params"]
+    if cfg.num_classes:   # the pooler and classifier exist only on the classify path
+      params = {**params, **model.init(jax.random.key(0), ids, method="classify")["params"]}
+    return params
+
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(jax.eval_shape(init)))
+
+
+# ----------------------------------------------------------------------------------------------------
 # Model FLOPs.
 # ----------------------------------------------------------------------------------------------------
 def _attention(cfg: TransformerConfig, q: int, kv: int) -> int:
@@ -64,11 +84,11 @@ def forward_flops(cfg: TransformerConfig, src_len: int, tgt_len: int) -> int:
   d, vocab = cfg.d_model, cfg.vocab_size
   total = 0
   if cfg.arch != "decoder_only":
-    total += cfg.num_encoder_stack_layers * (_attention(cfg, src_len, src_len) + _ffn(cfg, src_len))
+    total += cfg.num_encoder_layers * (_attention(cfg, src_len, src_len) + _ffn(cfg, src_len))
   if cfg.arch == "encoder_only":
     return total + 2 * src_len * d * d + 2 * src_len * d * vocab   # MLM head: transform, output
   cross = _attention(cfg, tgt_len, src_len) if cfg.arch == "encoder_decoder" else 0
-  total += cfg.num_decoder_stack_layers * (_attention(cfg, tgt_len, tgt_len) + cross + _ffn(cfg, tgt_len))
+  total += cfg.num_decoder_layers * (_attention(cfg, tgt_len, tgt_len) + cross + _ffn(cfg, tgt_len))
   return total + 2 * tgt_len * d * vocab                            # logits
 
 

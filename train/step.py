@@ -24,8 +24,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import BATCH_KEYS, OPTIONAL_BATCH_KEYS   # the data contract: one definition, in data/
+from kernels import on_lowering_platform
 from model import Transformer
-from model.ops import on_lowering_platform, ops_for
+from model.ops import ops_for
 from train import loss as loss_lib
 
 # Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, every

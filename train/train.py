@@ -37,7 +37,7 @@ from data import (derive_train_max_len, load_pairs, make_eval_batches, make_trai
 from decode.bleu import sacrebleu_score
 from decode.translate import translate
 from model import Transformer
-from model import stack
+from run import layout
 from run import checkpoint as ckpt
 from run import checkpoint_arg, get_vocab, model_config
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
@@ -99,7 +99,7 @@ def _bleu(model, params, vocab, pairs, decode_config, source_eos):
   With several processes each translates its share of the sentences on its own devices, and all get all
   the hypotheses (the same ones as one process would find).
   """
-  model, host_params = stack.unrolled(model, multihost.host_tree(params))   # decoding reads layer by layer
+  model, host_params = layout.unrolled(model, multihost.host_tree(params))   # decoding reads layer by layer
   hyps = multihost.map_split(
       lambda sources: translate(model, host_params, vocab, sources, beam_size=decode_config.beam_size,
                                 alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
