@@ -7,6 +7,7 @@ resume with other compute settings (run/config.py), never with another architect
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
@@ -116,6 +117,8 @@ class TransformerConfig:
     positive = ("vocab_size", "d_model", "d_ff", "num_heads", "max_len", "d_k", "d_v", "num_kv_heads")
     counts = ("num_encoder_layers", "num_decoder_layers", "num_classes")
     rates = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
+    _refuse("TransformerConfig", [(value(n) is not None and not isinstance(value(n), numbers.Integral),
+                                   f"{n} must be a whole number, got {value(n)!r}") for n in positive + counts])
     _refuse("TransformerConfig", (   # d_k, d_v, num_kv_heads None: derived (the properties below)
         [(value(n) is not None and value(n) <= 0, f"{n} must be positive, got {value(n)}") for n in positive]
         + [(value(n) < 0, f"{n} must be >= 0, got {value(n)}") for n in counts]
