@@ -489,7 +489,7 @@ def render_input_pipeline_formats(result: dict) -> str:
   """benchmarks.input_pipeline --formats: source + target tokens/s read from ArrayRecord and from the
   cache's flat arrays, for two batch sizes."""
   body = [[f"{r['pairs_a_batch']:,} (about {r['about_tokens_a_side']:,} tokens a side)",
-           *(f"{r['tokens_per_s'][k] / 1e6:.1f}M tokens/s" for k in ("array_record", "flat_arrays"))]
+           *(f"{_millions(r['tokens_per_s'][k])} tokens/s" for k in ("array_record", "flat_arrays"))]
           for r in result["reads"]]
   return _table(["pairs a batch", "ArrayRecord, a record per pair (`group_size:1`)", "flat arrays (the cache)"],
                 body)

@@ -110,8 +110,8 @@ def mixed_sequences(data_config, vocab, parallel, synthetic, max_len: int, seed:
   tgt_len = np.concatenate([p_tgt[pick_par], s_tgt[pick_syn]])
   first_syn = len(par_rows)
   log.info(f"[data] training stream: {len(par_rows):,} parallel + {len(syn_rows):,} synthetic slots a pass "
-        f"(of {len(p_keep):,} and {len(s_keep):,} pairs; synthetic_ratio={synthetic_ratio(data_config)}, "
-        f"tag {synthetic_tag(data_config) or 'off'})")
+           f"(of {len(p_keep):,} and {len(s_keep):,} pairs; synthetic_ratio={synthetic_ratio(data_config)}, "
+           f"tag {synthetic_tag(data_config) or 'off'})")
 
   def sequences(indices):
     indices = np.asarray(indices, np.int64)

@@ -17,10 +17,10 @@ import jax
 import numpy as np
 
 from run import checkpoint as ckpt
-from train import multihost
 from run.console import log_to_console
 from run.user_errors import UserError, reported
 from run.workdir import WRITTEN_BY_TRAIN, run_file
+from train import multihost
 
 log = logging.getLogger("train.average")   # not __name__: that is "__main__" under python -m train.average
 
