@@ -15,6 +15,8 @@ tests use, so an override means the same thing everywhere (absl's config_flags p
 Several processes (docs/multihost.md): launched by SLURM's srun, Open MPI or `python -m jobs.launch`,
 each process joins the job by itself; by hand, give every process the same --coordinator_address and
 --num_processes and its own --process_id (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
+Process 0 logs `processes x local devices = global devices`; a process that sees other devices than the
+job asked for stops the run in one line (--allow_device_mismatch runs anyway; --check_devices only checks).
 """
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ def main(argv=None) -> None:
   group.add_argument("--coordinator_address", default=None, help="HOST:PORT of process 0 (manual launch)")
   group.add_argument("--num_processes", type=int, default=None, help="processes in the job (manual launch)")
   group.add_argument("--process_id", type=int, default=None, help="this process's index, 0..N-1")
+  group.add_argument("--allow_device_mismatch", action="store_true",
+                     help="run even if a process sees other devices than the job asked for (SLURM's GPUs "
+                          "and tasks per node, Open MPI, a TPU host): warn instead of refusing")
+  group.add_argument("--check_devices", action="store_true",
+                     help="join the job, have every process log its devices, check them, and exit "
+                          "(a cluster's preflight; no config or run directory needed)")
   args, rest = parser.parse_known_args(argv)
   bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
   if bad:
@@ -77,6 +85,10 @@ def main(argv=None) -> None:
     parser.error(str(error))
   if __name__ == "__main__":
     host_memory.check_backend("train", jax.default_backend())
+  with user_errors.reported():   # a device layout other than the job's: one line `error: ...`, status 2
+    multihost.check_devices(allow_mismatch=args.allow_device_mismatch, every_process=args.check_devices)
+  if args.check_devices:
+    return
 
   workdir = args.workdir or config.workdir
   experiment = pathlib.Path(args.config.partition(":")[0])

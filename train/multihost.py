@@ -13,10 +13,16 @@ When to join (`initialize(mode=...)`):
     Kubernetes, ...).
   - "off": never join.
 On CPU the processes exchange arrays with gloo.
+
+Which devices each process drives (run/devices.py): every GPU it sees with one process per node, its own
+GPU(s) with one process per GPU; `initialize` passes them to JAX as local_device_ids, and `check_devices`
+then logs `processes x local devices = global devices` per host and refuses, in one line naming the
+numbers, a process that sees other devices than the job asked for (unless allow_mismatch).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import jax
@@ -25,7 +31,15 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from run import devices
+from run.user_errors import UserError
+
 MODES = ("auto", "on", "off")
+log = logging.getLogger("train.multihost")
+
+
+class DeviceMismatch(UserError):
+  """The devices a process sees differ from what its job asked for (see check_devices)."""
 
 
 def _launched_as_several() -> bool:
@@ -37,10 +51,11 @@ def _launched_as_several() -> bool:
 
 
 def initialize(mode: str = "auto", coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+               process_id: int | None = None, layout: devices.Layout | None = None) -> bool:
   """Joins the multi-process job if there is one (see the module docstring). Returns True if it joined.
 
   Must run before anything else touches JAX's backends. Explicit arguments win over the environment.
+  layout: this process's devices (default: run.devices.plan(), from the environment).
   """
   if mode not in MODES:
     raise ValueError(f"--distributed={mode!r}: use one of {MODES}")
@@ -61,10 +76,40 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None, num_p
     return False
   if num_processes == 1 and mode == "auto":
     return False
+  layout = devices.plan() if layout is None else layout
+  ids = None if layout.local_device_ids is None else list(layout.local_device_ids)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id)
+                             process_id=process_id, local_device_ids=ids)
   return True
+
+
+def check_devices(layout: devices.Layout | None = None, allow_mismatch: bool = False,
+                  every_process: bool = False) -> list[dict]:
+  """After initialize: every process reports its devices; process 0 logs `P processes x L local devices =
+  G global devices`, per host. If a process sees other devices than its job asked for (run/devices.py),
+  every process raises the same one-line DeviceMismatch, unless allow_mismatch (then process 0 warns).
+  every_process: each process also logs its own line. Returns the reports, one per process."""
+  layout = devices.plan() if layout is None else layout
+  local = jax.local_devices()
+  me = devices.record(layout, jax.process_index(), len(local), jax.default_backend(), [d.id for d in local])
+  if every_process:
+    log.info(f"[devices] process {me['process']} of {jax.process_count()} on {me['host']}: "
+             f"{me['devices']} {me['platform']} devices, ids {me['ids']}"
+             + (f" (local_device_ids {list(layout.local_device_ids)})" if layout.local_device_ids else ""))
+  records = gather_objects(me)
+  if is_primary():
+    log.info(f"[devices] {devices.summary(records)}")
+  problems = devices.mismatches(records)
+  if problems:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    message = f"device layout: {problems[0]}{more}"
+    if not allow_mismatch:
+      raise DeviceMismatch(f"{message}; fix the job's --gpus_per_node/--tasks_per_node (or "
+                           f"CUDA_VISIBLE_DEVICES), or pass --allow_device_mismatch to run anyway")
+    if is_primary():
+      log.warning(f"[devices] warning: {message}; running anyway (--allow_device_mismatch)")
+  return records
 
 
 def is_primary() -> bool:
