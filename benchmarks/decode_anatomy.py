@@ -27,6 +27,7 @@ import tempfile
 import time
 
 from benchmarks import harness, report, throughput
+from run.devices import usable_cpus
 
 PARTS = "benchmarks.systems.ours_parts"
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -58,7 +59,7 @@ def pair_round(pair, task: str, timeout: float = 900.0) -> list[float]:
 
 def main(argv=None):
   args, sizes = parse_args(argv)
-  cores = os.cpu_count() or 1
+  cores = usable_cpus()
   half = args.decode_batch // cores
   if cores < 2 or args.decode_batch % cores:
     raise SystemExit(f"needs at least 2 cores and --decode_batch a multiple of them (have {cores} cores)")

@@ -36,6 +36,7 @@ import sys
 import tempfile
 
 from benchmarks import files, harness, report
+from run.devices import usable_cpus
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRESETS = {"default": dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, vocab=8000, batch=32,
@@ -58,14 +59,14 @@ def parse_args(argv=None):
   p.add_argument("--decode_batch", type=int, default=16, help="a multiple of the CPU cores")
   p.add_argument("--decode_len", type=int, default=64, help="generated tokens per sentence")
   p.add_argument("--decode_devices", type=int, default=None,
-                 help="our CPU devices for decoding, the sentences split over them (default: one per core, "
-                      "as `python -m decode` runs; 1: the whole batch on one device, as `python -m train`'s "
+                 help="our CPU devices for decoding, the sentences split over them (default: one per core "
+                      "it may use, as `python -m decode` runs; 1: the whole batch on one device, as `python -m train`'s "
                       "evaluation runs)")
   p.add_argument("--beam_size", type=int, default=4)
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="our compute dtype (parameters stay float32); peers run float32")
   p.add_argument("--kernels", default=None, help="our model.config kernels switch (default: the config's)")
-  p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+  p.add_argument("--threads", type=int, default=usable_cpus(),
                  help="PyTorch and CTranslate2 intra-op threads (XLA uses every core)")
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--repeats", type=int, default=7)
@@ -198,7 +199,7 @@ def run_part(systems, tasks_of, base_spec: dict, args, log_dir) -> tuple[dict, d
     tasks = tasks_of(name)
     env = dict(ISA_ENV[args.isa], **SYSTEM_ENV.get(name, {}))
     if module == OURS:
-      decode_devices = args.decode_devices or os.cpu_count() or 1
+      decode_devices = args.decode_devices or usable_cpus()
       env.update(xla_env(decode_devices if "greedy" in tasks else 1, args.isa))
     tree = args.baseline if name == "ours_baseline" else harness.REPO
     workers.append(harness.Worker(name, module, dict(base_spec, **options, tasks=tasks), env, tree))

@@ -103,8 +103,8 @@ def _main(argv) -> None:
   parser.add_argument("--top_p", type=float, default=1.0, help="sampling: nucleus mass")
   parser.add_argument("--repetition_penalty", type=float, default=1.0, help="sampling: CTRL penalty")
   parser.add_argument("--seed", type=int, default=0, help="sampling: random seed")
-  parser.add_argument("--cpu_devices", type=int, default=os.cpu_count() or 1,
-                      help="on a CPU, split it into this many devices (default: one per core); translate "
+  parser.add_argument("--cpu_devices", type=int, default=len(os.sched_getaffinity(0)),
+                      help="on a CPU, split it into this many devices (default: one per core it may use); translate "
                            "shares each batch's sentences out over all devices")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
@@ -124,7 +124,8 @@ def _main(argv) -> None:
   slurm = parser.add_argument_group("--launcher slurm (with submitit)")
   slurm.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's)")
   slurm.add_argument("--time", type=int, default=60, help="time limit of the job in minutes")
-  slurm.add_argument("--cpus_per_task", type=int, default=None, help="CPUs per task")
+  slurm.add_argument("--cpus_per_task", type=int, default=None,
+                     help="CPUs per task (default: 4 per GPU, at least 2; run/devices.py)")
   slurm.add_argument("--gpus_per_task", type=int, default=0, help="GPUs per task")
   slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc (repeatable)")

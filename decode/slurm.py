@@ -19,6 +19,8 @@ import subprocess
 
 import submitit
 
+from run import devices
+
 FOLDER = "slurm"
 
 
@@ -49,8 +51,8 @@ def submit(command: list[str], job_directory, *, tasks: int, partition: str | No
                     additional_parameters=extra)
   if partition:
     parameters["partition"] = partition
-  if cpus_per_task:
-    parameters["cpus_per_task"] = cpus_per_task
+  # None: the default of training's jobs (run/devices.py), from the GPUs each task drives
+  parameters["cpus_per_task"] = cpus_per_task or devices.default_cpus_per_task(gpus_per_task)
   if gpus_per_task:
     parameters["gpus_per_task"] = gpus_per_task
   executor.update_parameters(**parameters)

@@ -25,6 +25,8 @@ import time
 
 import submitit
 
+from run import devices
+
 FOLDER = "slurm"              # in the run directory: submitit's files and the tasks' logs
 JOB_FILE = "slurm_job.txt"    # in the run directory: the id of the last job submitted for it
 _ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -38,7 +40,7 @@ class SlurmOptions:
   nodes: int = 1
   tasks_per_node: int = 1
   gpus_per_node: int = 0
-  cpus_per_task: int | None = None
+  cpus_per_task: int | None = None   # None: run.devices.default_cpus_per_task of the GPUs per task
   time_minutes: int = 60
   sbatch: tuple = ()            # extra #SBATCH options: "account=abc", "qos=high", "exclusive"
   max_requeues: int = 3         # time-limit requeues before giving up (preemptions are not counted)
@@ -52,7 +54,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--tasks_per_node", type=int, default=1,
                      help="processes per node: 1, or one per GPU if each process drives one (default 1)")
   group.add_argument("--gpus_per_node", type=int, default=0, help="GPUs per node (default 0)")
-  group.add_argument("--cpus_per_task", type=int, default=None, help="CPUs per task")
+  group.add_argument("--cpus_per_task", type=int, default=None,
+                     help=f"CPUs per task; the threads of tokenization and of the input pipeline are sized "
+                          f"from them (default: {devices.CPUS_PER_GPU} per GPU the task drives, at least "
+                          f"{devices.CPUS_WITHOUT_GPU})")
   group.add_argument("--time", type=int, default=60, help="time limit per job in minutes (default 60)")
   group.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc --sbatch exclusive (repeatable)")
@@ -60,8 +65,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SlurmOptions:
-  for name in ("nodes", "tasks_per_node", "time"):
-    if getattr(args, name) < 1:
+  for name in ("nodes", "tasks_per_node", "time", "cpus_per_task"):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
       raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
   for option in args.sbatch:
     if not option or option.startswith("-"):
@@ -69,6 +74,11 @@ def options_from(args: argparse.Namespace) -> SlurmOptions:
   return SlurmOptions(partition=args.partition, nodes=args.nodes, tasks_per_node=args.tasks_per_node,
                       gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
                       time_minutes=args.time, sbatch=tuple(args.sbatch), max_requeues=args.max_requeues)
+
+
+def cpus_per_task(options: SlurmOptions) -> int:
+  """The CPUs each task asks for: --cpus_per_task, else a default from the GPUs it drives."""
+  return options.cpus_per_task or devices.default_cpus_per_task(options.gpus_per_node / options.tasks_per_node)
 
 
 def _executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submitit.SlurmExecutor:
@@ -83,8 +93,7 @@ def _executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submiti
     parameters["partition"] = options.partition
   if options.gpus_per_node:
     parameters["gpus_per_node"] = options.gpus_per_node
-  if options.cpus_per_task:
-    parameters["cpus_per_task"] = options.cpus_per_task
+  parameters["cpus_per_task"] = cpus_per_task(options)
   executor.update_parameters(**parameters)
   return executor
 

@@ -34,6 +34,11 @@ import re
 import socket
 
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"   # one directory per GPU the driver knows
+# SLURM's --cpus-per-task where the user gives none (jobs.submit, jobs.sweep, decode's launcher): enough
+# for a GPU's input pipeline and a cold start's tokenization, and within what 8-GPU nodes offer (32 of
+# 48-128 cores); without a GPU, 2, so that two trials share a small node.
+CPUS_PER_GPU = 4
+CPUS_WITHOUT_GPU = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +51,11 @@ class Layout:
   expected: int | None = None
   asked: str = ""
   problem: str | None = None
+
+
+def default_cpus_per_task(gpus_per_task: float) -> int:
+  """--cpus-per-task for a task that drives `gpus_per_task` GPUs (0: none), when the user gives none."""
+  return max(CPUS_WITHOUT_GPU, math.ceil(CPUS_PER_GPU * gpus_per_task))
 
 
 def usable_cpus() -> int:

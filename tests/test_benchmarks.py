@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from benchmarks import harness, report, throughput
+from run import devices
 
 TINY = ["--d_model", "32", "--num_layers", "1", "--num_heads", "2", "--d_ff", "64", "--vocab", "300",
         "--batch", "4", "--src_len", "8", "--tgt_len", "8", "--decode_batch", "4", "--decode_len", "8",
@@ -119,7 +120,7 @@ def test_throughput_ours_alone(shared_run):
   assert result["train"]["target_tokens"] == 4 * 8
   for task in ("greedy", "beam"):
     row = result["decode"][task]["systems"]["ours"]
-    assert row["tokens_per_s"] > 0 and row["info"][task]["devices"] == (os.cpu_count() or 1)
+    assert row["tokens_per_s"] > 0 and row["info"][task]["devices"] == devices.usable_cpus()
     assert result["decode"][task]["systems"]["ours_bf16"]["status"] == "skipped"
   assert result["train"]["systems"]["ours"]["info"]["devices"] == 1
   page = report.render_run(result)
@@ -233,11 +234,11 @@ def test_decode_anatomy_times_every_variant_in_its_own_process_and_the_pair_at_o
   assert all(v["runs"] == 2 and v["median_s"] > 0 for v in variants.values())
   assert [variants[n]["info"]["ablate"] for n in ("full", "no_self", "no_cross", "output_eighth")] == [
       None, "self", "cross", "output"]
-  half = 16 // (os.cpu_count() or 1)
+  half = 16 // devices.usable_cpus()
   assert variants["one_core"]["info"]["cpus"] == [0] and variants["one_core"]["info"]["rows"] == half
   assert [i["cpus"] for i in variants["two_at_once"]["info"]] == [[0], [1]]
   assert [variants[n]["info"]["beam"]["devices"] for n in ("full", "one_device", "one_core")] == [
-      os.cpu_count(), 1, 1]
+      devices.usable_cpus(), 1, 1]
   assert variants["one_device"]["info"]["rows"] is None and variants["one_device"]["info"]["cpus"] is None
   assert 0 < result["derived"]["two_at_once_over_one_core"] and 0 < result["derived"]["one_device_over_full"]
   assert "shares of the full step" in report.render_anatomy(result)

@@ -169,3 +169,22 @@ def test_a_run_refuses_other_devices_than_the_job_asked_for_in_one_line(monkeypa
   out = capsys.readouterr()
   assert "[devices] 1 process x 8 local devices = 8 global devices (cpu)" in out.out
   assert "running anyway (--allow_device_mismatch)" in out.err
+
+
+def test_every_job_asks_for_cpus_and_threads_follow_the_cpus_a_process_may_use(tmp_path):
+  parser = argparse.ArgumentParser()
+  slurm.add_flags(parser)
+
+  def asked(*flags):
+    options = slurm.options_from(parser.parse_args(list(flags)))
+    return slurm._executor(tmp_path, options, "job").parameters["cpus_per_task"]
+  assert asked("--nodes", "2", "--tasks_per_node", "1", "--gpus_per_node", "8") == 8 * devices.CPUS_PER_GPU
+  assert asked("--nodes", "2", "--tasks_per_node", "8", "--gpus_per_node", "8") == devices.CPUS_PER_GPU
+  assert asked() == devices.CPUS_WITHOUT_GPU and asked("--cpus_per_task", "6") == 6
+  with pytest.raises(ValueError, match="--cpus_per_task must be >= 1, got 0"):
+    slurm.options_from(parser.parse_args(["--cpus_per_task", "0"]))
+  # A task given one core (SLURM binds it, as taskset does here) sizes SentencePiece's threads to that core.
+  probe = "from data.vocab import usable_cpus; from run.devices import usable_cpus as u; print(usable_cpus(), u())"
+  done = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+  assert done.stdout.split() == ["1", "1"], done.stdout + done.stderr
