@@ -120,3 +120,22 @@ def test_two_task_job_preempted_requeued_and_resumed_exactly(tmp_path):
   b = ckpt.flat_leaves(jax.device_get(ckpt.load_params(tmp_path / "local")[0]))
   for key in a:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_each_task_of_a_two_task_job_reports_the_devices_it_was_given(tmp_path):
+  # `python -m train --check_devices` in both tasks of one job: they join, each logs its own devices, and
+  # task 0 the whole layout; no config, data or compile beyond the exchange of the reports.
+  code, text = _run([sys.executable, "-m", "jobs.submit", "--partition=debug", "--tasks_per_node=2", "--time=5",
+                     "--wait", "--", "--check_devices", f"--workdir={tmp_path}"], timeout=300)
+  assert code == 0, text
+  job = (tmp_path / slurm.JOB_FILE).read_text().strip()
+  ids = []
+  for task in (0, 1):
+    log = slurm.task_log(tmp_path, job, task).read_text()
+    (line,) = [l for l in log.splitlines() if l.startswith(f"[devices] process {task} of 2 on ")]
+    assert ": 2 cpu devices, ids [" in line, log
+    ids.append(line.split("ids ")[1].split("]")[0])
+  assert ids[0] != ids[1]   # each task its own devices
+  first = slurm.task_log(tmp_path, job, 0).read_text()
+  assert "[devices] 2 processes x 2 local devices = 4 global devices (cpu); per host: " in first, first
+  assert " 2 processes x 2" in first.split("per host: ")[1]
