@@ -65,6 +65,27 @@ def test_the_lowest_constraints_are_the_lower_bounds():
       assert pins[_canonical(requirement.name)] == lower[0], requirement
 
 
+def test_the_gpu_constraints_are_the_versions_a_gpu_measurement_used_without_pytorch():
+  # constraints-gpu.txt: what the lent GPUs ran (scripts/device_check.sh logs `pip list` of the jax family,
+  # flax, optax, orbax and numpy), every default dependency and the test extra inside its range, one
+  # version for jax, jaxlib and the CUDA 13 plugin, and nothing of the interop extra (no CUDA torch).
+  pins = _pins(ROOT / "constraints-gpu.txt")
+  for requirement in _requirements(extras=("test",)):
+    version = pins.get(_canonical(requirement.name))
+    assert version is not None and requirement.specifier.contains(version), (requirement, version)
+  jax_family = {pins[name] for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt")}
+  assert len(jax_family) == 1, jax_family
+  interop = {_canonical(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["interop"]}
+  assert not interop & set(pins), interop & set(pins)
+  log = (ROOT / "benchmarks/results/accelerators/h200-2026-11-27-device_check.log").read_text()
+  measured = dict(re.findall(r"^([a-z][a-z0-9_-]+) +(\d[\w.]*)$", log, re.M))
+  assert {"jax", "jax-cuda13-plugin", "flax"} <= set(measured), measured
+  assert {name: str(pins[_canonical(name)]) for name in measured} == measured
+  # The documented GPU line is the one this file is for.
+  for doc in ("README.md", "REPRODUCING.md", "docs/accelerators.md"):
+    assert "pip install -e '.[cuda13]' -c constraints-gpu.txt" in (ROOT / doc).read_text(), doc
+
+
 def test_accelerator_extras_take_jaxs_own_extras_without_fixing_its_version():
   extras = PYPROJECT["optional-dependencies"]
   for extra in ("cuda12", "cuda13", "tpu"):

@@ -1,5 +1,6 @@
 """The multi-process plumbing that needs no second process: joining rules, the launcher's failure path,
-the SLURM flags. (Real multi-process training: tests/test_multiprocess.py; real SLURM: tests/test_slurm.py.)"""
+the SLURM flags and CPUs, the devices each process of a SLURM/Open MPI/TPU job drives and the refusal of
+others. (Real multi-process training: tests/test_multiprocess.py; real SLURM: tests/test_slurm.py.)"""
 import argparse
 import os
 import pathlib

@@ -3,7 +3,8 @@
 - a 2-trial smoke sweep with --launcher slurm: each trial a job, results table as with the local runner;
 - a 2-task job (2 processes x 2 CPU devices) that is "preempted" with SIGUSR2 after its checkpoint at
   step 4 (what SLURM sends before a time limit): it saves, submitit requeues it, it resumes, and ends
-  bitwise equal to the same training run by jobs.launch on this machine.
+  bitwise equal to the same training run by jobs.launch on this machine;
+- a 2-task `--check_devices` job: each task reports the devices it was given.
 Skipped, with the reason, where no SLURM controller answers.
 """
 import csv
