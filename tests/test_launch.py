@@ -111,9 +111,12 @@ def test_one_task_per_gpu_drives_its_own_gpu(monkeypatch, rank, expected):
       list(range(4 * (rank % 2), 4 * (rank % 2) + 4))
 
 
-def test_the_layout_of_open_mpi_tpu_hosts_and_explicit_ids():
-  ompi = {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.0.0.1:34911", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+def test_the_layout_of_open_mpi_tpu_hosts_and_explicit_ids(monkeypatch):
+  # mpirun -n 4 over 2 hosts of 4 GPUs: process 3 is local rank 1 of 2 and drives GPUs 2 and 3.
+  ompi = {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.0.0.1:34911", "OMPI_COMM_WORLD_SIZE": "4",
+          "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+          "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+  assert joined_with(monkeypatch, ompi)["local_device_ids"] == [2, 3]
   layout = devices.plan(ompi)
   assert (layout.cluster, layout.local_device_ids, layout.expected) == ("ompi", (2, 3), 2)
   # The driver's list of GPUs where CUDA_VISIBLE_DEVICES is unset.
@@ -122,6 +125,8 @@ def test_the_layout_of_open_mpi_tpu_hosts_and_explicit_ids():
   tpu = devices.plan({"TPU_ACCELERATOR_TYPE": "v4-32", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"})
   assert (tpu.cluster, tpu.local_device_ids, tpu.expected) == ("tpu", None, 4)   # JAX picks TPU devices
   assert devices.plan({"TPU_ACCELERATOR_TYPE": "v3-32", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"}).expected == 8
+  (problem,) = devices.mismatches([devices.record(tpu, 0, 4, "tpu"), devices.record(tpu, 1, 8, "tpu")])
+  assert problem.startswith("process 1 on ") and "sees 8 tpu devices, but the TPU host has 4 chips" in problem
   explicit = devices.plan({**slurm_env(2, 1, 8, 0), "JAX_LOCAL_DEVICE_IDS": "0,1"})
   assert (explicit.local_device_ids, explicit.expected) == (None, 2)   # JAX reads JAX_LOCAL_DEVICE_IDS itself
   # JAX_PLATFORMS=cpu on a GPU node: the user chose the CPU, no GPU is expected; no GPU anywhere: nothing.
