@@ -12,7 +12,8 @@ This package owns the run directory written by `python -m train` (layout in docs
 
 Decoding, export, averaging, the sweep table and notebooks open runs through here; nothing in `run/`
 imports train/, decode/ or export/ (tests/test_imports.py keeps it so). What training and decoding share
-besides: `model_config` (the one place a config becomes a model) and run/mesh.py (the device mesh).
+besides: `model_config` (the one place a config becomes a model), run/mesh.py (the device mesh) and
+run/devices.py (which devices and CPUs each process of a cluster job may use, and the check of them).
 """
 from __future__ import annotations
 
