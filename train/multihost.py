@@ -95,7 +95,8 @@ def check_devices(layout: devices.Layout | None = None, allow_mismatch: bool = F
   me = devices.record(layout, jax.process_index(), len(local), jax.default_backend(), [d.id for d in local])
   if every_process:
     log.info(f"[devices] process {me['process']} of {jax.process_count()} on {me['host']}: "
-             f"{me['devices']} {me['platform']} devices, ids {me['ids']}; {devices.usable_cpus()} CPUs"
+             f"{me['devices']} {me['platform']} device{'' if me['devices'] == 1 else 's'}, ids {me['ids']}; "
+             f"{devices.usable_cpus()} CPUs"
              + (f" (local_device_ids {list(layout.local_device_ids)})" if layout.local_device_ids else ""))
   records = gather_objects(me)
   if is_primary():
