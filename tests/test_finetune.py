@@ -116,12 +116,10 @@ def _scripted_dev_losses(monkeypatch, losses):
 
 @pytest.mark.slow   # two short trainings: about a minute on two shared cores
 def test_fine_tune_with_a_tagged_back_translated_file_keeps_and_exports_the_best_step(
-    corpus, tmp_path, monkeypatch, caplog):
+    corpus, tmp_path, monkeypatch, capsys):
   """A pretrained run of ours whose vocabulary holds the tag, fine-tuned on parallel + back-translated
   pairs (tagged); early stopping (patience 2, dev loss best at the 2nd eval) keeps that step's checkpoint
   although only 1 is kept besides, and the test BLEU, decode's default and export read it."""
-  import logging
-
   import jax
   from run import checkpoint as ckpt
   import run
@@ -140,9 +138,10 @@ def test_fine_tune_with_a_tagged_back_translated_file_keeps_and_exports_the_best
       "train.checkpoint_every_steps": 0, "train.checkpoint_every_minutes": 0.0, "train.keep_checkpoints": 1,
       "train.early_stop_evals": 2, "train.learning_rate": 1e-3, "train.test_sentences": 8})
   _scripted_dev_losses(monkeypatch, [3.0, 2.0, 2.5, 2.6, 2.7])
-  with caplog.at_level(logging.INFO):
-    outcome = train_and_evaluate(config, tmp_path / "ft")
-  log = caplog.text
+  capsys.readouterr()
+  outcome = train_and_evaluate(config, tmp_path / "ft")
+  console = capsys.readouterr()
+  log = console.out + console.err
   assert f"tag {TAG})" in log                                       # the stream says it is tagged
   assert outcome.stopped_early and outcome.step == 8 and outcome.best_step == 4
   assert "the best dev loss, 2.0000, was at step 4" in log

@@ -482,14 +482,17 @@ class _Profiler:
 
   def before(self, step: int) -> None:
     if self.window and step == self.window[0]:
-      jax.profiler.start_trace(str(self.path))
+      # Beside XProf's xplane.pb, a Perfetto trace (perfetto_trace.json.gz) that ui.perfetto.dev opens in
+      # a browser with nothing installed.
+      jax.profiler.start_trace(str(self.path), create_perfetto_trace=True)
 
   def after(self, step: int, state) -> None:
     if self.window and step == self.window[1]:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
-      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path} "
-           f"(open with TensorBoard's profile plugin or Perfetto)")
+      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path}/plugins/profile/"
+           f"<time>/: perfetto_trace.json.gz opens at https://ui.perfetto.dev; the *.xplane.pb in XProf "
+           f"(pip install xprof; xprof --logdir {self.path}) (docs/accelerators.md)")
 
 
 class _Padding:
