@@ -1,8 +1,8 @@
 """Experiments: one Python file per experiment, and the one loader for them.
 
 An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
-`sweep(add[, arg])`, see jobs/sweep.py, and a `for_platform(config, platform)`, see load_experiment). `load_experiment('experiments/default.py:smoke')` returns the
-locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
+`sweep(add[, arg])`, see jobs/sweep.py, and a `for_platform(config, platform)`, see load_experiment).
+`load_experiment('experiments/default.py:smoke')` returns the locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
 The trainer's command line (train/__main__.py), the sweep, the benchmarks and the tests all load
 experiments through this module.
 """

@@ -88,7 +88,8 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
 
   checkpoint: None = the run's model (the best dev loss's checkpoint for a run trained with early stopping,
   else the newest readable training checkpoint); 'latest' = the newest; 'best'; an int = that step;
-  'averaged' = the average written by `python -m train.average`. The checkpoint's vocabulary fingerprint must match vocab.model.
+  'averaged' = the average written by `python -m train.average`. The checkpoint's vocabulary fingerprint
+  must match vocab.model.
   check: an optional callable(TransformerConfig) run before any checkpoint is read (export uses it to
   refuse an architecture its format cannot express without loading the weights first).
   """

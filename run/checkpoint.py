@@ -60,7 +60,8 @@ def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOIN
   path = pathlib.Path(workdir).absolute() / directory
   policy = None
   if keep_also is not None and not read_only:   # Orbax takes a policy or max_to_keep, not both
-    policy = ocp.checkpoint_managers.AnyPreservationPolicy([ocp.checkpoint_managers.LatestN(n=keep), keep_also])
+    policies = ocp.checkpoint_managers
+    policy = policies.AnyPreservationPolicy([policies.LatestN(n=keep), keep_also])
     keep = None
   # A reader asks for no saving (save_interval_steps=0, no max_to_keep) itself: Orbax would otherwise
   # change those settings and log a warning for each.
@@ -318,7 +319,8 @@ def best_step(workdir, steps=None) -> int | None:
   checkpoint is still there (None for a run without early stopping). steps: the run's steps, newest first."""
   if steps is None:
     path = pathlib.Path(workdir) / CHECKPOINTS
-    steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit()), reverse=True) if path.is_dir() else []
+    found = path.iterdir() if path.is_dir() else []
+    steps = sorted((int(p.name) for p in found if p.name.isdigit()), reverse=True)
   for newest in steps:
     try:
       best = read_meta(workdir, newest).get("early_stop", {}).get("best_step")

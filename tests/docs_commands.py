@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "zsh"}
 STOP = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "2>", "1>", ")"}
+LAUNCHERS = {"nice", "time", "exec", "srun", "uv", "run", "--", "env", "timeout"}   # words before python
 PYTHON = re.compile(r"^(python3?|\.venv/bin/python|uv run python|\$PYTHON)$")
 
 
@@ -124,8 +125,8 @@ def commands(path: pathlib.Path) -> list[Command]:
       for i, token in enumerate(tokens):
         if not PYTHON.match(token) or i + 1 >= len(tokens):
           continue
-        if i and tokens[i - 1] not in STOP and "=" not in tokens[i - 1] and tokens[i - 1] not in (
-            "nice", "time", "exec", "srun", "uv", "run", "--", "env", "timeout") and not tokens[i - 1].isdigit():
+        before = tokens[i - 1] if i else ""
+        if i and before not in STOP and before not in LAUNCHERS and "=" not in before and not before.isdigit():
           continue   # "python" inside prose or another command's argument
         rest = tokens[i + 1:]
         cut = next((k for k, t in enumerate(rest) if t in STOP or set(t) <= set("|&;<>")), len(rest))
