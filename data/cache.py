@@ -14,8 +14,8 @@ file or vocabulary is never read stale:
 It is written into `<name>.tmp-<pid>` and renamed when whole: a killed build leaves a .tmp directory
 that the next build removes, never a directory a run would read. One process makes it while holding
 `<name>.lock` (fcntl.flock, on the shared filesystem); any other process, run or host waits for the lock
-and then reads what it made. The root is config.data.cache_dir, else $AIAYN_DATA_CACHE, else
-~/.cache/aiayn/tokens.
+and then reads what it made. The root is $AIAYN_DATA_CACHE, else ~/.cache/aiayn/tokens (a config that
+declares data.cache_dir, as some tests' do, puts it there; no shipped experiment declares it).
 
 Every read checks the entry against what meta.json recorded when it was made (each file's size, and its
 crc32 where the file is under CHECKSUM_MAX_BYTES; vocab-<key>.json records the vocabulary's size and
@@ -72,7 +72,8 @@ def _locked(path: pathlib.Path, what: str):
     handle = open(path, "a+")
   except OSError as error:
     raise DataError(f"the data cache {path.parent} cannot be written ({error.strerror or error}): set "
-                    f"config.data.cache_dir (or $AIAYN_DATA_CACHE) to a folder you can write") from None
+                    f"AIAYN_DATA_CACHE to a folder you can write (e.g. AIAYN_DATA_CACHE=$HOME/aiayn_tokens "
+                    f"python -m train ...)") from None
   with handle:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

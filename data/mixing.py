@@ -41,18 +41,28 @@ def synthetic_ratio(data_config) -> float:
   return float(data_config.get("synthetic_ratio", 0.0))
 
 
+def holds_tag(vocab, tag: str) -> bool:
+  """Whether `tag` is one piece of `vocab` (a SentencePiece vocabulary trained with it reserved). An
+  imported pair of SentencePiece models (data.vocab.PairVocab, e.g. OPUS-MT's) never holds one: its
+  pieces are the pretrained model's, each with its trained embedding row."""
+  piece_id = vocab.piece_to_id(tag)
+  return piece_id is not None and vocab.id_to_piece(piece_id) == tag
+
+
 def tag_id(data_config, vocab) -> int | None:
   """The vocabulary id of config.data.synthetic_tag, or None when tagging is off. Raises DataError (one
   line) when the vocabulary has no such piece (it was trained before the tag was set)."""
   tag = synthetic_tag(data_config)
   if not tag:
     return None
-  piece_id = vocab.piece_to_id(tag)
-  if piece_id is None or vocab.id_to_piece(piece_id) != tag:
-    raise DataError(f"config.data.synthetic_tag={tag!r} is not a piece of the vocabulary {vocab.path}: it "
-                    f"was trained without it; start a new --workdir (the tag is reserved when the "
-                    f"vocabulary is trained) or set config.data.synthetic_tag=''")
-  return piece_id
+  if not holds_tag(vocab, tag):
+    fix = ("an imported vocabulary cannot hold a new piece (its ids are the pretrained model's)"
+           if hasattr(vocab, "pieces") else
+           "it was trained without it; start a new --workdir (the tag is reserved when the vocabulary is "
+           "trained)")
+    raise DataError(f"config.data.synthetic_tag={tag!r} is not a piece of the vocabulary {vocab.path}: "
+                    f"{fix}; or set config.data.synthetic_tag='' to train on the synthetic pairs untagged")
+  return vocab.piece_to_id(tag)
 
 
 def slots(parallel: int, synthetic: int, ratio: float, seed: int):

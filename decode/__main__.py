@@ -9,7 +9,8 @@ OUTPUT.parts/ and joined in input order at the end (docs/decoding.md): the same 
 takes up where a killed one stopped, and refuses to mix in other settings; several workers (--processes
 K, the same command started K times, or --launcher slurm) share the shards. stdin or stdout: in memory.
 
-Uses the run's config (architecture), vocab.model and newest checkpoint (or --checkpoint STEP|averaged);
+Uses the run's config (architecture), vocab.model and its model: the newest checkpoint, or early
+stopping's best (or --checkpoint STEP|averaged|latest|best);
 a vocabulary that is not the one the checkpoint was trained with is refused. Output lines follow input
 lines one to one (an empty input line gives an empty translation); the output file is written whole or
 not at all. With --nbest K each input line gives K lines `LINE<TAB>RANK<TAB>SCORE<TAB>TRANSLATION`.
@@ -78,7 +79,9 @@ def _main(argv) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workdir", required=True, help="run directory written by `python -m train`")
   parser.add_argument("--checkpoint", default=None,
-                      help="a step number, 'averaged' or 'latest' (the default)")
+                      help="a step number, 'averaged', 'latest' or 'best' (default: the run's model, the "
+                           "best dev loss's checkpoint for a run trained with early stopping, else the "
+                           "latest)")
   parser.add_argument("--input", default=None, help="source text, one sentence per line ('-': stdin)")
   parser.add_argument("--prompt", default=None,
                       help="a language model (arch=decoder_only) run: continue this text instead of "

@@ -1,8 +1,8 @@
 """Experiments: one Python file per experiment, and the one loader for them.
 
 An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
-`sweep(add[, arg])`, see jobs/sweep.py). `load_experiment('experiments/default.py:smoke')` returns the
-locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
+`sweep(add[, arg])`, see jobs/sweep.py, and a `for_platform(config, platform)`, see load_experiment).
+`load_experiment('experiments/default.py:smoke')` returns the locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
 The trainer's command line (train/__main__.py), the sweep, the benchmarks and the tests all load
 experiments through this module.
 """
@@ -28,13 +28,21 @@ def load_module(path):
   return module
 
 
-def load_experiment(spec: str) -> ml_collections.ConfigDict:
-  """'experiments/default.py:smoke' -> the locked ConfigDict that file's get_config('smoke') returns."""
+def load_experiment(spec: str, platform: str | None = None) -> ml_collections.ConfigDict:
+  """'experiments/default.py:smoke' -> the locked ConfigDict that file's get_config('smoke') returns.
+
+  platform: the JAX backend the run trains on ('cpu', 'gpu', 'tpu'), for an experiment file that defines
+  `for_platform(config, platform)` (sizes that follow the device, e.g. experiments/finetune.py's batch
+  and dtype); None: get_config's config as it is. The trainer passes it once JAX has started
+  (train/__main__.py); the experiment never probes the machine itself.
+  """
   path, _, arg = spec.partition(":")
   module = load_module(path)
   if not hasattr(module, "get_config"):
     raise AttributeError(f"{path} has no get_config(arg) function")
   config = module.get_config(arg or None)
+  if platform is not None and hasattr(module, "for_platform"):
+    module.for_platform(config, platform)
   config.lock()
   return config
 

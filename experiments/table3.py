@@ -59,8 +59,9 @@ Expected: each trial's dev PPL and BLEU near PAPER[trial] below (per-piece PPL o
   at the last step (the end of a run scores the test set), so results.md gives the last dev BLEU and
   its step.
 Cost: 19 base-sized trials of 100K steps (~9.5e17 model FLOPs each; the C rows range from 0.4x to 2.6x
-  that) plus the big model (300K steps, ~9.6e18): ~2.8e19 FLOPs in all, ~10.5 h on one 8-A100 machine
-  at 30% of bf16 peak, one trial at a time on all 8 devices (REPRODUCING.md).
+  that) plus the big model (300K steps, ~9.6e18): ~2.8e19 FLOPs in all, projected ~7.6 h on one 8-H100
+  machine, ~24 h on 8 A100s, one trial at a time on all 8 devices (REPRODUCING.md: from one H200's
+  measured step; nothing measured on 8 GPUs).
 """
 import os
 import pathlib

@@ -18,9 +18,10 @@ Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.
   (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output: decode/bleu.py.)
 Cost (paper: 8 P100s; base 100K steps in 12 h, big 300K steps in 3.5 days). Model FLOPs, 6 * params *
   tokens with ~25k source + 25k target tokens per step: base ~9.5e12 / step, ~9.5e17 in all; big ~3.2e13 /
-  step, ~9.6e18 in all. At 30% of bf16 peak (the paper's own runs reached ~29% (base) and ~42% (big) of
-  the P100's fp32 peak), in bfloat16 as configured: base ~2.8 h on 1 A100, ~25 min on 8; big
-  ~29 h on 1 A100, ~3.6 h on 8. REPRODUCING.md derives these numbers.
+  step, ~9.6e18 in all. Projected from one H200's measured step (commit 74f30f5: 26.5% MFU for base,
+  39.6% for big at 25k tokens a step; nothing measured on 8 GPUs or over a whole run), in bfloat16 as
+  configured: base ~1.0 h on 1 H100/H200, ~3.2 h on 1 A100; big ~6.8 h on 1 H100/H200, ~22 h on 1
+  A100. REPRODUCING.md derives these numbers and says what each assumes.
 
 Batches: the paper's "approximately 25000 source tokens and 25000 target tokens" per step, counted as it
 and fairseq's --max-tokens count them: config.data.batch_tokens=25,000 bounds the real (not padded)

@@ -15,8 +15,8 @@ dropout 0.1. The paper's step counts are the same (base 100K, big 300K); with 36
 2 epochs for base, so expect dev loss to still fall at the end.
 Expected (newstest2014, averaged checkpoints, beam 4, alpha 0.6): base 38.1, big 41.8 BLEU as the paper
   reports it (tokenized); sacreBLEU reads lower (for EN-FR the gap is usually ~0.5-1 point).
-Cost: the model FLOPs are 2-4% below EN-DE's (a smaller vocabulary): base ~2.7 h on 1 A100 at 30% of bf16
-  peak, big ~28 h; see wmt14_ende.py and REPRODUCING.md. Reading 36M pairs and training the 32k
+Cost: the model FLOPs are 2-4% below EN-DE's (a smaller vocabulary): projected as EN-DE's (base ~1 h on 1
+  H100/H200, big ~6.5 h; see wmt14_ende.py and REPRODUCING.md, which say what was measured). Reading 36M pairs and training the 32k
   vocabulary adds ~0.5-1 h of CPU time before the first step (once per run directory).
 
 The TFDS splits of wmt14_translate/fr-en: 'train' = europarl_v7 + commoncrawl + multiun + newscommentary_v9

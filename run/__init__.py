@@ -50,18 +50,20 @@ class Run:
 
 
 def checkpoint_arg(text):
-  """A --checkpoint value -> load_run's `checkpoint`: None/''/'latest' -> None, 'averaged', or a step.
+  """A --checkpoint value -> load_run's `checkpoint`: None/'' -> None (the run's model: the best dev
+  loss's checkpoint for a run with early stopping, else the newest), 'latest', 'best', 'averaged', or a step.
 
   The `type=` of every --checkpoint flag (decode, export); a bad value is a usage error naming it.
   """
-  if text is None or isinstance(text, int) or text == "averaged":
+  if text is None or isinstance(text, int) or text in ("averaged", "latest", "best"):
     return text
-  if text in ("", "latest"):
+  if text == "":
     return None
   try:
     return int(text)
   except ValueError:
-    raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number, 'averaged' or 'latest'") from None
+    raise argparse.ArgumentTypeError(f"--checkpoint {text!r}: use a step number, 'averaged', 'latest' or "
+                                     f"'best'") from None
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
@@ -85,8 +87,10 @@ def load_vocab(workdir) -> Vocab:
 def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run:
   """Opens run directory `workdir` for decoding, export or analysis.
 
-  checkpoint: None = the newest readable training checkpoint; an int = that step; 'averaged' = the average
-  written by `python -m train.average`. The checkpoint's vocabulary fingerprint must match vocab.model.
+  checkpoint: None = the run's model (the best dev loss's checkpoint for a run trained with early stopping,
+  else the newest readable training checkpoint); 'latest' = the newest; 'best'; an int = that step;
+  'averaged' = the average written by `python -m train.average`. The checkpoint's vocabulary fingerprint
+  must match vocab.model.
   check: an optional callable(TransformerConfig) run before any checkpoint is read (export uses it to
   refuse an architecture its format cannot express without loading the weights first).
   """

@@ -4,7 +4,10 @@ Layout: workdir/checkpoints/<step>/{params, opt_state, meta} (an Orbax Checkpoin
 workdir/averaged/<step>/{params, meta} (written by train/average.py).
 - params, opt_state: the arrays, saved asynchronously from their sharded layout.
 - meta (JSON): step, the run's train RNG key (uint32 words), the data iterator state, the vocabulary
-  fingerprint and the seed.
+  fingerprint, the seed and early stopping's state (the best dev loss and its step, `best_step`).
+The manager keeps the last `keep` steps and any step the trainer marks (KeepSteps): with early stopping,
+the step of the best dev loss, however old. `load_params` reads that step by default for such a run
+(the run's model is its best checkpoint by dev loss); `latest` reads the newest.
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during a
 save leaves the previous checkpoints intact; an incomplete or damaged checkpoint is skipped on restore with
 a warning, and moved aside to workdir/checkpoints_unreadable/ so that training can write that step again.
@@ -13,6 +16,7 @@ CheckpointMismatch, naming the arrays that differ.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
@@ -34,16 +38,35 @@ UNREADABLE = "checkpoints_unreadable"
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class KeepSteps:
+  """An Orbax preservation policy: keeps the checkpoints of `steps` (the trainer updates the set; early
+  stopping puts the best dev loss's step in it), whatever the other policies delete."""
+  steps: set = dataclasses.field(default_factory=set)
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [info.step in self.steps for info in checkpoints]
+
+
 def make_manager(workdir, keep: int | None = None, *, directory: str = CHECKPOINTS,
-                 read_only: bool = False, async_save: bool = True) -> ocp.CheckpointManager:
-  """An Orbax CheckpointManager over workdir/<directory>, keeping the last `keep` steps (None: all).
+                 read_only: bool = False, async_save: bool = True,
+                 keep_also: KeepSteps | None = None) -> ocp.CheckpointManager:
+  """An Orbax CheckpointManager over workdir/<directory>, keeping the last `keep` steps (None: all) and
+  the steps of `keep_also`.
 
   Saving is asynchronous: `save` returns once the arrays are copied off the devices.
   """
   path = pathlib.Path(workdir).absolute() / directory
+  policy = None
+  if keep_also is not None and not read_only:   # Orbax takes a policy or max_to_keep, not both
+    policies = ocp.checkpoint_managers
+    policy = policies.AnyPreservationPolicy([policies.LatestN(n=keep), keep_also])
+    keep = None
   # A reader asks for no saving (save_interval_steps=0, no max_to_keep) itself: Orbax would otherwise
   # change those settings and log a warning for each.
-  options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, create=not read_only,
+  options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep, preservation_policy=policy,
+                                         create=not read_only,
                                          read_only=read_only, save_interval_steps=0 if read_only else 1,
                                          enable_async_checkpointing=async_save)
   handlers = {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
@@ -234,7 +257,9 @@ def _host_abstract(tree_metadata):
 def load_params(workdir, checkpoint=None):
   """Parameters of a run for decoding or fine-tuning: -> (params, step).
 
-  checkpoint: None = the newest readable training checkpoint; an int = that step; 'averaged' = the
+  checkpoint: None = the run's model: for a run trained with early stopping (config.train.early_stop_evals)
+  its checkpoint of the best dev loss, else the newest readable training checkpoint; 'latest' = the
+  newest; 'best' = the best dev loss's (early stopping only); an int = that step; 'averaged' = the
   average written by `python -m train.average`. Arrays land on the first local device.
   """
   directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
@@ -243,8 +268,9 @@ def load_params(workdir, checkpoint=None):
           else WRITTEN_BY_TRAIN + ", and let it save a checkpoint")
   if not path.is_dir():
     raise UserError(f"no checkpoints in {path}: {hint}")
-  if not (checkpoint in (None, "averaged") or type(checkpoint) is int):
-    raise ValueError(f"checkpoint={checkpoint!r}: use None (latest), a step number or 'averaged'")
+  if not (checkpoint in (None, "averaged", "latest", "best") or type(checkpoint) is int):
+    raise ValueError(f"checkpoint={checkpoint!r}: use None (the run's model), 'latest', 'best', a step "
+                     f"number or 'averaged'")
   try:
     manager = make_manager(workdir, directory=directory, read_only=True)
     steps = sorted(manager.all_steps(), reverse=True)
@@ -252,6 +278,15 @@ def load_params(workdir, checkpoint=None):
     raise UserError(f"cannot read the checkpoints in {path} ({error.strerror}): check its "
                     f"permissions") from None
   try:
+    if checkpoint in (None, "best") and steps:
+      best = best_step(workdir, steps)
+      if best is None and checkpoint == "best":
+        raise UserError(f"{path} has no best checkpoint by dev loss: the run was trained without early "
+                        f"stopping (config.train.early_stop_evals); pass a step, 'latest' or 'averaged'")
+      if best is not None and best != steps[0]:
+        log.info(f"[checkpoint] {workdir}: the best dev loss's checkpoint, step {best} (early stopping; "
+                 f"--checkpoint latest reads step {steps[0]})")
+      checkpoint = best
     if type(checkpoint) is int:
       if checkpoint not in steps:
         raise UserError(f"{path} has no checkpoint for step {checkpoint}; it has {sorted(steps)}: pass one "
@@ -277,6 +312,22 @@ def load_params(workdir, checkpoint=None):
                       stacklevel=2)
   finally:
     manager.close()
+
+
+def best_step(workdir, steps=None) -> int | None:
+  """The step of the best dev loss that early stopping recorded in the newest checkpoint's meta, if that
+  checkpoint is still there (None for a run without early stopping). steps: the run's steps, newest first."""
+  if steps is None:
+    path = pathlib.Path(workdir) / CHECKPOINTS
+    found = path.iterdir() if path.is_dir() else []
+    steps = sorted((int(p.name) for p in found if p.name.isdigit()), reverse=True)
+  for newest in steps:
+    try:
+      best = read_meta(workdir, newest).get("early_stop", {}).get("best_step")
+    except UserError:   # a damaged meta: the next older one
+      continue
+    return best if type(best) is int and best in steps else None
+  return None
 
 
 def read_meta(workdir, step: int, checkpoint=None) -> dict:

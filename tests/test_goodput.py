@@ -64,6 +64,7 @@ def test_rbg_dropout_is_deterministic_and_a_resume_cannot_switch_the_prng(tmp_pa
   assert a == b
   assert not (tmp_path / "b" / "profile").exists()
   assert list((tmp_path / "a" / "profile").rglob("*.xplane.pb")), "profile_steps wrote no trace"
+  assert list((tmp_path / "a" / "profile").rglob("perfetto_trace.json.gz")), "no trace that Perfetto opens"
   with pytest.raises(UserError, match="rng_impl='threefry'.*'rbg' dropout key"):
     train_and_evaluate(smoke_config(**{**overrides, "train.num_steps": 4, "train.rng_impl": "threefry"}),
                        tmp_path / "a")

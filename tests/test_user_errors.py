@@ -78,7 +78,7 @@ def test_train_with_a_data_cache_that_cannot_be_written(files, monkeypatch):
   (files / "a_file").write_text("a file where the cache root's parent folder should be")
   monkeypatch.setenv("AIAYN_DATA_CACHE", str(files / "a_file" / "cache"))   # even root cannot write there
   outcome = train_with(files, files / "ok.tsv", files / "ok.tsv")
-  assert_user_error(outcome, str(files / "a_file" / "cache"), "cannot be written", "config.data.cache_dir")
+  assert_user_error(outcome, str(files / "a_file" / "cache"), "cannot be written", "set AIAYN_DATA_CACHE")
 
 
 def test_decode_and_export_of_a_missing_run(files):

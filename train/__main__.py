@@ -39,12 +39,26 @@ from data import tasks
 from run import user_errors
 from run.console import log_to_console
 from run.checkpoint import CheckpointMismatch
+from run.config import diff_configs
 from train import multihost
 from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DEFAULT = os.path.relpath(_ROOT / "experiments" / "default.py")
 log = logging.getLogger("train")   # not __name__: that is "__main__" under python -m train
+
+
+def _for_platform(spec: str, overrides: list, config, platform: str):
+  """The experiment's config for the backend JAX started on, where its file defines for_platform (e.g.
+  experiments/finetune.py: bfloat16 and a larger batch on a GPU), the command line's overrides applied
+  again on top; the keys it changed are logged. Other experiments: `config` unchanged."""
+  adapted = experiments.load_experiment(spec, platform=platform)
+  experiments.apply_overrides(adapted, [a.removeprefix("--config.") for a in overrides])
+  changed = diff_configs(config.to_dict(), adapted.to_dict())
+  if changed:
+    log.info(f"[train] {spec.partition(':')[0]} on {platform}: {'; '.join(changed)} (its for_platform; "
+             f"--config.KEY=VALUE sets any of them)")
+  return adapted
 
 
 def main(argv=None) -> None:
@@ -89,6 +103,7 @@ def main(argv=None) -> None:
     multihost.check_devices(allow_mismatch=args.allow_device_mismatch, every_process=args.check_devices)
   if args.check_devices:
     return
+  config = _for_platform(args.config, rest, config, jax.default_backend())
 
   workdir = args.workdir or config.workdir
   experiment = pathlib.Path(args.config.partition(":")[0])
@@ -108,7 +123,8 @@ def main(argv=None) -> None:
     log.info(f"dev loss {outcome.eval['eval/loss']:.4f}  ppl {outcome.eval['eval/ppl']:.3f}  "
              f"accuracy {outcome.eval['eval/accuracy']:.4f}  (step {outcome.step})")
   if outcome.test_bleu is not None:
-    log.info(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}")
+    which = "" if outcome.best_step is None else f"   (step {outcome.best_step}: the best dev loss)"
+    log.info(f"test sacreBLEU {outcome.test_bleu:.2f}   {outcome.test_signature}{which}")
     if outcome.test_bleu_averaged is not None:
       log.info(f"test sacreBLEU {outcome.test_bleu_averaged:.2f}   average of the checkpoints of steps "
                f"{outcome.averaged_steps} (decode it with --checkpoint averaged)")

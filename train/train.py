@@ -75,6 +75,8 @@ class Outcome:
   test_bleu_averaged: float | None = None   # of the average of the last config.train.average_last
   averaged_steps: list | None = None        # checkpoints (None without averaging)
   stopped_early: bool = False          # dev loss stopped improving (config.train.early_stop_evals)
+  best_step: int | None = None         # early stopping: the step of the best dev loss, whose checkpoint
+                                       # is kept and is the run's model (test BLEU, decode, export)
   samples: list | None = None          # [(source, reference, hypothesis)]
   eval: dict | None = None
   time: dict | None = None             # the run's wall-clock split: train/goodput.py's PARTS, seconds
@@ -123,15 +125,19 @@ def _init_from_checkpoint(spec: str, state, shardings):
   return state.replace(params=jax.device_put(init_params, shardings.params))
 
 
-def _early_stop(early: dict, dev_loss: float, patience: int, step: int) -> None:
-  """config.train.early_stop_evals: updates `early` (the best dev loss, the evals since it, whether the
-  run has stopped; saved in every checkpoint) with one evaluation's dev loss."""
+def _early_stop(early: dict, dev_loss: float, patience: int, step: int) -> bool:
+  """config.train.early_stop_evals: updates `early` (the best dev loss and its step, the evals since it,
+  whether the run has stopped; saved in every checkpoint) with one evaluation's dev loss. -> whether it
+  is a new best (the caller saves and keeps that step's checkpoint)."""
   better = dev_loss < early["best"]
   early.update(best=min(early["best"], dev_loss), bad=0 if better else early["bad"] + 1)
+  if better:
+    early["best_step"] = step
   if early["bad"] >= patience:
     early["stopped"] = True
-    _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f}); "
-          f"stopping at step {step}")
+    _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f} at step "
+         f"{early.get('best_step')}); stopping at step {step}")
+  return better
 
 
 def _resolve_max_len(config, vocab, derived_before: int) -> None:
@@ -185,7 +191,10 @@ def _open_run(config, workdir: pathlib.Path):
   if int(tc.get("average_last", 0)) > int(tc.keep_checkpoints):
     raise UserError(f"config.train.average_last={tc.average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
-  manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints)
+  # Early stopping keeps the best dev loss's checkpoint beside the last keep_checkpoints (its step is set
+  # once the state is restored, and at every new best).
+  keep_best = ckpt.KeepSteps() if int(tc.get("early_stop_evals", 0)) else None
+  manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints, keep_also=keep_best)
   has_checkpoints = bool(manager.all_steps())
   derived_before = 0   # config.data.max_len=0: the value this run derived when it began (config.json)
   if int(config.data.max_len) == 0 and has_checkpoints:
@@ -193,7 +202,7 @@ def _open_run(config, workdir: pathlib.Path):
   changes = config_io.check_resume(config, workdir, has_checkpoints)
   if changes:
     _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
-  return manager, derived_before
+  return manager, derived_before, keep_best
 
 
 @dataclasses.dataclass
@@ -294,7 +303,7 @@ def _profile_window(spec: str) -> tuple[int, int] | None:
 
 def _train(config, workdir: pathlib.Path) -> Outcome:
   tc, primary = config.train, multihost.is_primary()
-  manager, derived_before = _open_run(config, workdir)
+  manager, derived_before, keep_best = _open_run(config, workdir)
 
   # Mesh (one 'data' axis over every device of every process), data, model and optimizer.
   mesh = make_mesh()
@@ -309,6 +318,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   start = _starting_state(config, workdir, manager, model, tx, mesh, data.vocab, data.train_iter)
   state, pending, early, train_key = start.state, start.pending, start.early, start.train_key
   start_step = int(state.step)
+  if keep_best is not None and early.get("best_step") is not None:
+    keep_best.steps = {int(early["best_step"])}
   if primary:
     config_io.save_config(config, workdir)
     run_dir.write_versions(workdir)
@@ -354,7 +365,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   every = lambda n, step: n and step % n == 0
   last_save_time, last_log_step = time.time(), start_step
   padding, profiler = _Padding(), _Profiler(tc.get("profile_steps", ""), workdir, primary)
-  eval_result = None
+  eval_result, new_best = None, False
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
   step = start_step
@@ -374,6 +385,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       bar.update(1)
       stop = vote.vote(signals.received is not None)
       profiler.after(step, state)
+      new_best = False
 
       if every(tc.log_every, step) or step == num_steps:
         check_finite(step)
@@ -389,10 +401,12 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         with_bleu = tasks.translates(config.data) and bool(every(tc.bleu_every, step)) and step != num_steps
         eval_result = evaluate(step, with_bleu=with_bleu)
         if int(tc.get("early_stop_evals", 0)):
-          _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
+          new_best = _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
+          if new_best:   # saved below and kept: the run's model unless a later eval beats it
+            keep_best.steps = {step}
 
       minutes = (time.time() - last_save_time) / 60
-      if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"]
+      if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"] or new_best
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
         save(step)
         last_save_time = time.time()
@@ -406,11 +420,19 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   # The end: a stopped run says how to resume; a finished one reports test BLEU (and again when rerun).
   received = (signals.received or "a signal to another process") if stop else None
   outcome = Outcome(str(workdir), step, interrupted=received, eval=eval_result,
-                    stopped_early=early["stopped"] and not stop, time=clock.total)
+                    stopped_early=early["stopped"] and not stop, time=clock.total,
+                    best_step=early.get("best_step"))
   if not stop:
     with clock.part("eval"):
       outcome.eval = eval_result or evaluate(step, with_bleu=False)
-      _report_test(config, workdir, model, state.params, data.vocab, writer, step, outcome)
+      params = state.params
+      if outcome.best_step is not None and outcome.best_step != step:   # early stopping: the best model
+        params = ckpt.load_params(workdir, outcome.best_step)[0]
+      if outcome.best_step is not None:
+        _say(f"[train] early stopping: the best dev loss, {early['best']:.4f}, was at step {outcome.best_step}; "
+             f"its checkpoint ({workdir / ckpt.CHECKPOINTS / str(outcome.best_step)}) is kept and is the "
+             f"run's model: the test BLEU below, decode and export read it (--checkpoint latest: step {step})")
+      _report_test(config, workdir, model, params, data.vocab, writer, step, outcome)
   writer.close()
   clock.close_interval()
   _say(clock.summary())
@@ -460,14 +482,17 @@ class _Profiler:
 
   def before(self, step: int) -> None:
     if self.window and step == self.window[0]:
-      jax.profiler.start_trace(str(self.path))
+      # Beside XProf's xplane.pb, a Perfetto trace (perfetto_trace.json.gz) that ui.perfetto.dev opens in
+      # a browser with nothing installed.
+      jax.profiler.start_trace(str(self.path), create_perfetto_trace=True)
 
   def after(self, step: int, state) -> None:
     if self.window and step == self.window[1]:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
-      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path} "
-           f"(open with TensorBoard's profile plugin or Perfetto)")
+      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path}/plugins/profile/"
+           f"<time>/: perfetto_trace.json.gz opens at https://ui.perfetto.dev; the *.xplane.pb in XProf "
+           f"(pip install xprof; xprof --logdir {self.path}) (docs/accelerators.md)")
 
 
 class _Padding:
@@ -488,8 +513,9 @@ class _Padding:
 
 
 def _report_test(config, workdir, model, params, vocab, writer, step, outcome: Outcome) -> None:
-  """The end: test-set sacreBLEU of the final parameters (and of the average of the last
-  config.train.average_last checkpoints, the paper's reported models) and a few sample translations."""
+  """The end: test-set sacreBLEU of `params` (the final ones, or early stopping's best: metrics.jsonl's
+  test/checkpoint_step names its step), of the average of the last config.train.average_last
+  checkpoints (the paper's reported models) and a few sample translations."""
   tc = config.train
   scores = tc.test_bleu and tasks.translates(config.data)
   test = None   # parameters -> test BLEU
@@ -499,7 +525,8 @@ def _report_test(config, workdir, model, params, vocab, writer, step, outcome: O
       test_pairs = test_pairs[:tc.test_sentences]
     bleu_of = lambda params: _bleu(model, params, vocab, test_pairs, config.decode, source_eos(config.data))
     bleu, signature, hyps = bleu_of(params)
-    writer.write(step, {"test/bleu": bleu, "test/signature": signature})
+    which = {} if outcome.best_step is None else {"test/checkpoint_step": outcome.best_step}
+    writer.write(step, {"test/bleu": bleu, "test/signature": signature, **which})
     outcome.test_bleu, outcome.test_signature = bleu, signature
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
     test = lambda params: bleu_of(params)[0]
