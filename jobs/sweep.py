@@ -19,7 +19,11 @@ Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop;
 --launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
 see jobs/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
 queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
-results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them again.
+results. Each trial's job records its own result and DONE marker when its trainer finishes, watched or
+not. Stopping (or killing) the sweep leaves the jobs to SLURM; rerunning the same command skips the
+trials that are done, watches again the jobs still queued or running, and submits only the trials
+whose job ended without finishing them (or never ran): nothing that finished is submitted twice.
+Every job submitted for trial NAME is listed in DIR/NAME/slurm_jobs.txt.
 """
 from __future__ import annotations
 
@@ -143,6 +147,27 @@ def reached_end(trial_dir: pathlib.Path) -> bool:
   return bool(steps) and max(steps) >= target
 
 
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+  """What a trial's own SLURM job calls once its trainer exited 0 (jobs.slurm.TrainTask's on_success):
+  if the run reached its num_steps, it records the trial as done (sweep_status.json: status, seconds,
+  finished_by) and writes its DONE marker, so that a finished trial is marked even when no sweep command
+  watches it any more (one that was killed, or a node that went away). Picklable: it travels with the job."""
+  trial_dir: str
+
+  def __call__(self, *, seconds: float, by: str) -> None:
+    trial_dir = pathlib.Path(self.trial_dir)
+    if not reached_end(trial_dir):   # exited 0 after SIGTERM: interrupted, not done
+      return
+    seconds += read_status(trial_dir).get("seconds", 0.0)
+    write_status(trial_dir, status="done", returncode=0, seconds=seconds, finished_by=by)
+    mark_done(trial_dir)
+
+
+def mark_done(trial_dir: pathlib.Path) -> None:
+  (trial_dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+
 # ------------------------------------------------------------------------------------------------------
 # Running.
 # ------------------------------------------------------------------------------------------------------
@@ -216,8 +241,11 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         todo = []
       while todo and len(running) < parallel and not stop.received:
         trial = todo.pop(0)
-        started += 1
         trial_dir = workdir / trial.name
+        if (trial_dir / DONE).exists():   # its own job finished it since the sweep looked
+          say(f"skip {trial.name} (done)")
+          continue
+        started += 1
         trial_dir.mkdir(parents=True, exist_ok=True)
         resumed = (trial_dir / "checkpoints").exists()
         log = open(trial_dir / LOG, "a")
@@ -238,9 +266,15 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         running.remove(r)
         r.log.close()
         seconds = read_status(r.dir).get("seconds", 0.0) + r.seconds()
-        if code == 0 and reached_end(r.dir):
+        if (r.dir / DONE).exists():   # the trial's own job recorded its result (TrialResult)
+          if read_status(r.dir).get("status") != "done":   # our "running" overwrote it: once more
+            write_status(r.dir, status="done", returncode=0)
+          row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
+          say(f"done {r.trial.name} in {read_status(r.dir).get('seconds', 0.0):.0f} s: dev ppl "
+              f"{fmt_number(row['dev_ppl'], 3)}, dev BLEU {fmt_number(row['dev_bleu'], 2)}")
+        elif code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
-          (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          mark_done(r.dir)
           row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
           say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
               f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
@@ -324,7 +358,8 @@ def main(argv=None) -> int:
     start, parallel = _start_local, args.parallel
     if args.launcher == "slurm":
       try:
-        start, parallel = slurm.trial_starter(slurm.options_from(args)), 1_000_000   # SLURM queues them
+        # SLURM queues them; each trial's job writes its own result and DONE marker.
+        start, parallel = slurm.trial_starter(slurm.options_from(args), on_success=TrialResult), 1_000_000
       except ValueError as error:
         parser.error(str(error))
     statuses = run_sweep(args.config, args.workdir, parallel=parallel, shared=rest, only=only or None,
