@@ -346,3 +346,70 @@ def test_translate_counts_the_target_tokens_of_each_best_hypothesis(model_and_pa
   assert sum(lengths) > 0 and all(n > 0 for n, h in zip(lengths, hyps) if h)
   # Detokenizing and tokenizing again mostly gives the same pieces.
   assert sum(n == len(vocab.encode(h)) for n, h in zip(lengths, hyps)) >= 4
+
+
+# ------------------------------------------------------------------------------------------------------
+# Device shares of the workers, and the SLURM job over nodes (no GPU, no SLURM needed).
+# ------------------------------------------------------------------------------------------------------
+
+def test_each_worker_sees_only_its_own_gpus_and_too_many_workers_are_refused(monkeypatch):
+  from decode import devices
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+  kind, ids = devices.host_devices()
+  assert (kind, ids) == ("gpu", [str(i) for i in range(8)])
+  shares = devices.split(kind, ids, 8)
+  envs = [devices.share_env(kind, s, os.environ, index=i, cpu_devices=1) for i, s in enumerate(shares)]
+  assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [str(i) for i in range(8)]
+  assert devices.split(kind, ids, 3) == [["0", "1", "2"], ["3", "4", "5"], ["6", "7"]]
+  with pytest.raises(ValueError, match=r"^--processes 9 but this host has 8 GPUs \(0,1,2,3,4,5,6,7\): one "
+                                       r"worker per device at most; give --processes 8 or fewer$"):
+    devices.split(kind, ids, 9)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")   # the CPU, whatever the host has
+  assert devices.host_devices()[0] == "cpu"
+
+
+def test_cpu_workers_split_the_cores_and_the_forced_device_count():
+  from decode import devices
+  assert devices.split("cpu", ["0", "1", "2", "3", "4"], 2) == [["0", "1", "2"], ["3", "4"]]
+  assert devices.split("cpu", ["0"], 2) == [["0"], ["0"]]    # fewer cores than workers: shared
+  environ = {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"}
+  assert devices.cpu_device_count(2, environ) == 8
+  env = devices.share_env("cpu", ["1"], environ, index=1, cpu_devices=4)
+  assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
+
+
+def test_a_slurm_task_that_sees_its_whole_node_keeps_its_own_gpus(monkeypatch):
+  from decode import devices
+  monkeypatch.setenv("SLURM_LOCALID", "2")
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+  devices.pin_slurm_task(2)
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+  devices.pin_slurm_task(2)                       # bound already (SLURM's own binding): unchanged
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+
+
+def test_the_slurm_launcher_spreads_one_task_per_gpu_over_the_nodes(tmp_path, monkeypatch):
+  import submitit
+
+  from decode import slurm
+  seen = {}
+  monkeypatch.setattr(submitit.SlurmExecutor, "submit",
+                      lambda self, task: seen.update(sbatch=self._make_submission_file_text("CMD", "0")))
+  slurm.submit(["python", "-m", "decode"], tmp_path, nodes=2, tasks_per_node=8, partition="gpu",
+               time_minutes=30, gpus_per_task=1, sbatch=["account=abc"])
+  for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-task=1", "--cpus-per-task=4",
+               "--account=abc"):
+    assert f"#SBATCH {line}\n" in seen["sbatch"], seen["sbatch"]
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--launcher", "slurm", "--processes", "3", "--nodes", "2"], "--processes 3 tasks do not spread evenly "
+                                                                   "over --nodes 2"),
+    (["--processes", "2", "--nodes", "2"], "--nodes is for --launcher slurm"),
+])
+def test_bad_worker_layouts_are_refused_in_one_line(tmp_path, capsys, flags, named):
+  with pytest.raises(SystemExit) as exit_info:
+    decode_main(["--workdir", str(tmp_path), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "out.txt"), *flags])
+  assert exit_info.value.code == 2 and named in capsys.readouterr().err
