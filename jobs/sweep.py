@@ -45,7 +45,7 @@ from run import metrics as metrics_io
 from run.user_errors import UserError, reported
 from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.signals import SignalFlag
-from jobs import slurm
+from jobs import slurm, sweep_trial
 from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
@@ -184,8 +184,38 @@ class _Running:
     return time.time() - self.start
 
 
-def _start_local(command, trial_dir, log) -> subprocess.Popen:
-  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+class _RunningElsewhere:
+  """A Popen-like handle on a local trial that a killed sweep command left running (its
+  jobs.sweep_trial process still holds the trial's lock): watched until it ends, stopped by SIGTERM."""
+
+  def __init__(self, pid: int, trial_dir: pathlib.Path, log):
+    self.pid, self.dir, self.returncode = pid, trial_dir, None
+    log.write(f"[sweep] watching the trial's process {pid} again (started by an earlier sweep command)\n")
+    log.flush()
+
+  def poll(self):
+    if self.returncode is None and sweep_trial.holder(self.dir) is None:
+      self.returncode = 0 if (self.dir / DONE).exists() or reached_end(self.dir) else 1
+    return self.returncode
+
+  def send_signal(self, sig) -> None:
+    if self.poll() is None and self.pid > 0:
+      os.kill(self.pid, sig)
+
+  def wait(self):
+    while self.poll() is None:
+      time.sleep(0.2)
+    return self.returncode
+
+
+def _start_local(command, trial_dir, log):
+  """The trial's trainer under jobs.sweep_trial, which records the trial's result and DONE itself; or,
+  where an earlier sweep command's trial process still runs, a handle that watches it."""
+  running = sweep_trial.holder(trial_dir)
+  if running is not None:
+    return _RunningElsewhere(running, pathlib.Path(trial_dir), log)
+  return subprocess.Popen([sys.executable, "-m", "jobs.sweep_trial", str(trial_dir), "--", *command],
+                          stdout=log, stderr=subprocess.STDOUT)
 
 
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,

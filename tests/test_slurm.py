@@ -26,6 +26,7 @@ import pytest
 from run import checkpoint as ckpt
 from run import metrics as metrics_io
 from jobs import slurm
+from test_sweep import HELD_TRAINER, THREE_TRIALS, until
 from train.train import TIMING_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -126,37 +127,6 @@ def test_two_task_job_preempted_requeued_and_resumed_exactly(tmp_path):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-# A stand-in for `python -m train` that saves its config, then waits for DIR/release-NAME before it writes
-# the metrics of a finished run: the test decides when each trial ends.
-HELD_TRAINER = textwrap.dedent(f"""
-    import json, pathlib, sys, time
-    sys.path.insert(0, {str(ROOT)!r})
-    import experiments
-    from run import config as config_io
-    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
-    spec, workdir = args.pop("config"), pathlib.Path(args.pop("workdir"))
-    config = experiments.load_experiment(spec)
-    experiments.apply_overrides(config, {{k.removeprefix("config."): v for k, v in args.items()}})
-    config_io.save_config(config, workdir)
-    while not (workdir.parent / ("release-" + workdir.name)).exists():
-      time.sleep(0.2)
-    n, h = config.train.num_steps, config.model.num_heads
-    with open(workdir / "metrics.jsonl", "w") as f:
-      f.write(json.dumps({{"step": n, "eval/loss": 2.0 / h, "eval/ppl": 4.0 + 1.0 / h}}) + "\\n")
-""")
-
-THREE_TRIALS = textwrap.dedent("""
-    from experiments import default
-
-    def get_config(arg=None):
-      return default.get_config("smoke")
-
-    def sweep(add):
-      add(name="first", **{"model.num_heads": 2})
-      add(name="held", **{"model.num_heads": 4})
-      add(name="lost", **{"model.num_heads": 1})
-""")
-
 # The sweep command of the test: jobs.sweep's main with the held trainer in place of `python -m train`.
 WATCHER = textwrap.dedent("""
     import sys
@@ -175,13 +145,6 @@ def _jobs(trial_dir) -> list[str]:
   return path.read_text().split() if path.exists() else []
 
 
-def _until(condition, what: str, timeout: float = 300) -> None:
-  deadline = time.time() + timeout
-  while not condition():
-    assert time.time() < deadline, f"timed out waiting for {what}"
-    time.sleep(0.2)
-
-
 def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_path):
   """Trial 'first' finishes (its own job writes its DONE), then the watcher is SIGKILLed; trial 'held'
   is still running and 'lost''s job is cancelled. The same command again: skips 'first', watches 'held''s
@@ -195,10 +158,10 @@ def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_pat
   with open(tmp_path / "watcher1.log", "w") as log:
     watcher = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
   trials = {name: out / name for name in ("first", "held", "lost")}
-  _until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
+  until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
   jobs = {name: _jobs(d)[0] for name, d in trials.items()}
   (out / "release-first").touch()
-  _until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
+  until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
   watcher.kill()
   watcher.wait()
   status = json.loads((trials["first"] / "sweep_status.json").read_text())
@@ -209,7 +172,7 @@ def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_pat
 
   with open(tmp_path / "watcher2.log", "w") as log:
     rerun = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-  _until(lambda: len(_jobs(trials["lost"])) == 2 or rerun.poll() is not None, "lost's resubmission")
+  until(lambda: len(_jobs(trials["lost"])) == 2 or rerun.poll() is not None, "lost's resubmission")
   (out / "release-held").touch()
   (out / "release-lost").touch()
   assert rerun.wait(timeout=300) == 0, (tmp_path / "watcher2.log").read_text()
