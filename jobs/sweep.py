@@ -8,8 +8,11 @@ The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (
 
     python -m train --config FILE[:arg] --workdir DIR/NAME [--config.k=v shared by all] --config.k=v ...
 
-with its output in DIR/NAME/sweep.log. Rerunning the command skips trials with a DONE marker, resumes
-interrupted ones (the trainer resumes from its checkpoints) and retries failed ones. A failed trial is
+with its output in DIR/NAME/sweep.log, under `python -m jobs.sweep_trial`, which writes the trial's
+result and DONE marker itself when the trainer finishes (so a trial that ends after this command was
+killed is still marked). Rerunning the command skips trials with a DONE marker, watches trials whose
+process an earlier (killed) command left running, resumes interrupted ones (the trainer resumes from
+its checkpoints) and retries failed ones. A failed trial is
 recorded (status FAILED, its log) and the others go on. At the end the runner writes DIR/results.csv,
 DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper's numbers when the
 experiment file has a PAPER dict keyed by trial name) and prints where they are.
