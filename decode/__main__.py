@@ -131,7 +131,7 @@ def _main(argv) -> None:
                      help="nodes of the job; the --processes tasks are spread evenly over them")
   slurm.add_argument("--time", type=int, default=60, help="time limit of the job in minutes")
   slurm.add_argument("--cpus_per_task", type=int, default=None,
-                     help="CPUs per task (default 8); on a CPU, a task decodes on that many devices")
+                     help="CPUs per task (default 4); on a CPU, a task decodes on that many devices")
   slurm.add_argument("--gpus_per_task", type=int, default=0,
                      help="GPUs per task: 1 for one worker per GPU (default 0: CPU tasks)")
   slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
