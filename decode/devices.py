@@ -1,14 +1,15 @@
 """Which devices each bulk decoding worker gets: one share of this host's devices per worker, decided
 before any worker starts JAX, so that no process holds memory on a device it does not use.
 
-    kind, ids = host_devices(cpu_devices=8)     # ('gpu', ['0', '1', '2', '3']) on a 4-GPU host
-    shares = split(kind, ids, 2)                # [['0', '1'], ['2', '3']]
-    env = share_env(kind, shares[1], os.environ, cpu_devices=8, workers=2)   # worker 1's environment
+    kind, ids = host_devices()          # ('gpu', ['0', '1', '2', '3']) on a 4-GPU host
+    shares = split(kind, ids, 2)        # [['0', '1'], ['2', '3']]
+    env = share_env(kind, shares[1], os.environ, index=1, cpu_devices=4)   # worker 1's environment
 
 - GPUs (NVIDIA): worker i sees only its share through CUDA_VISIBLE_DEVICES; JAX's preallocation (75% of
   a GPU) then happens on its own GPUs alone.
-- TPU chips: one chip per worker, through TPU_VISIBLE_CHIPS with one-chip process bounds and a mesh
-  controller port of its own, as JAX's guide to running several processes on one TPU VM sets them.
+- TPU chips: one chip per worker, through TPU_VISIBLE_CHIPS with one-chip process bounds, a mesh
+  controller port of its own and ALLOW_MULTIPLE_LIBTPU_LOAD (as JAX's multi-process test harness and
+  Cloud TPU's recipe for independent processes on one VM set them). Untested here: no TPU.
 - CPU: the worker's share of the cores this process may use (os.sched_getaffinity) is set as its CPU
   affinity, and --cpu_devices (or XLA_FLAGS' --xla_force_host_platform_device_count) is split between
   the workers. With fewer cores than workers, the workers share the cores (no affinity is set).
@@ -126,7 +127,10 @@ def share_env(kind: str, share: list[str], environ, *, index: int, cpu_devices: 
   if kind == "gpu":
     env["CUDA_VISIBLE_DEVICES"] = ",".join(share)
   elif kind == "tpu":
-    env.update(TPU_VISIBLE_CHIPS=",".join(share), TPU_PROCESS_BOUNDS="1,1,1",
+    # TPU_VISIBLE_DEVICES: older libtpu's name; ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise lets one
+    # process per VM load it.
+    env.update(TPU_VISIBLE_CHIPS=",".join(share), TPU_VISIBLE_DEVICES=",".join(share),
+               ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_PROCESS_BOUNDS="1,1,1",
                TPU_CHIPS_PER_PROCESS_BOUNDS="1,1,1",
                TPU_MESH_CONTROLLER_ADDRESS=f"localhost:{TPU_PORT + index}",
                TPU_MESH_CONTROLLER_PORT=str(TPU_PORT + index))
