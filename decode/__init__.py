@@ -17,4 +17,5 @@ def device_batch_tokens(batch_tokens: int, platform: str) -> int:
   """Tokens per device of a batch: batch_tokens, or for 0 the default of a `platform` device."""
   if batch_tokens:
     return int(batch_tokens)
-  return DEVICE_BATCH_TOKENS.get("gpu" if platform in ("cuda", "rocm") else platform, DEVICE_BATCH_TOKENS["gpu"])
+  kind = "gpu" if platform in ("cuda", "rocm") else platform
+  return DEVICE_BATCH_TOKENS.get(kind, DEVICE_BATCH_TOKENS["gpu"])

@@ -321,7 +321,8 @@ def _start_workers(args, command) -> list[subprocess.Popen]:
   base, extra = divmod(cpu_devices, args.processes)
   per_worker = [max(1, base + (index < extra)) for index in range(args.processes)]
   cores = kind == "cpu" and len(ids) >= args.processes   # else they share the cores
-  print(f"[decode] {args.processes} workers on this host's {len(ids)} {'cores' if kind == 'cpu' else kind.upper() + 's'}: "
+  what = "cores" if kind == "cpu" else kind.upper() + "s"
+  print(f"[decode] {args.processes} workers on this host's {len(ids)} {what}: "
         + "; ".join(",".join(share) for share in shares), file=sys.stderr)
   workers = []
   for index, share in enumerate(shares):
