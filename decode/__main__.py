@@ -26,6 +26,7 @@ import time
 
 from data import tasks
 from decode import DEFAULTS
+from decode import devices as devices_lib
 from decode import job as job_lib
 from decode.progress import Progress
 from run.console import log_to_console
@@ -96,8 +97,9 @@ def _main(argv) -> None:
                            "max_extra_len; the paper's is 50)")
   parser.add_argument("--min_len", type=int, default=0, help="no eos before this many tokens")
   parser.add_argument("--batch_tokens", type=int, default=None,
-                      help="rows * beam * padded source length per batch (default: the run's "
-                           "config.decode.batch_tokens)")
+                      help="rows * beam * padded source length per device of a batch (default: the run's "
+                           "config.decode.batch_tokens; 0: the device's default, 4,096 on a CPU device, "
+                           "65,536 on a GPU or TPU chip)")
   parser.add_argument("--nbest", type=int, default=1, help="write this many hypotheses per sentence")
   parser.add_argument("--temperature", type=float, default=None,
                       help="sample one translation per sentence at this temperature instead of beam "
@@ -106,9 +108,9 @@ def _main(argv) -> None:
   parser.add_argument("--top_p", type=float, default=1.0, help="sampling: nucleus mass")
   parser.add_argument("--repetition_penalty", type=float, default=1.0, help="sampling: CTRL penalty")
   parser.add_argument("--seed", type=int, default=0, help="sampling: random seed")
-  parser.add_argument("--cpu_devices", type=int, default=len(os.sched_getaffinity(0)),
-                      help="on a CPU, split it into this many devices (default: one per core it may use); translate "
-                           "shares each batch's sentences out over all devices")
+  parser.add_argument("--cpu_devices", type=int, default=len(devices_lib.cpu_cores()),
+                      help="on a CPU, split it into this many devices (default: one per core this process "
+                           "may use); translate shares each batch's sentences out over all devices")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
   bulk = parser.add_argument_group("a file to a file, at any size (docs/decoding.md)")
@@ -116,7 +118,9 @@ def _main(argv) -> None:
                     help="input lines per part: each is translated, and written to OUTPUT.parts/, whole "
                          "(default: 64 batches of the shortest sentences, at least 10,000)")
   bulk.add_argument("--processes", type=int, default=1,
-                    help="workers that share the parts (on a CPU, each gets --cpu_devices / K devices)")
+                    help="workers that share the parts, each pinned to its own share of this host's "
+                         "devices: its GPU(s), its TPU chip, or on a CPU its cores and --cpu_devices / K "
+                         "devices (with --launcher slurm: the job's tasks, over --nodes)")
   bulk.add_argument("--launcher", choices=("local", "slurm"), default="local",
                     help="where the --processes workers run: here, or as the tasks of one SLURM job")
   bulk.add_argument("--stale_after", type=float, default=600.0,
@@ -126,10 +130,14 @@ def _main(argv) -> None:
   bulk.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)   # started by a launcher
   slurm = parser.add_argument_group("--launcher slurm (with submitit)")
   slurm.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's)")
+  slurm.add_argument("--nodes", type=int, default=1,
+                     help="nodes of the job; the --processes tasks are spread evenly over them")
   slurm.add_argument("--time", type=int, default=60, help="time limit of the job in minutes")
   slurm.add_argument("--cpus_per_task", type=int, default=None,
-                     help="CPUs per task (default: 4 per GPU, at least 2; run/devices.py)")
-  slurm.add_argument("--gpus_per_task", type=int, default=0, help="GPUs per task")
+                     help="CPUs per task (default: 4, or 4 per GPU with --gpus_per_task); on a CPU, a task "
+                          "decodes on that many devices")
+  slurm.add_argument("--gpus_per_task", type=int, default=0,
+                     help="GPUs per task: 1 for one worker per GPU (default 0: CPU tasks)")
   slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc (repeatable)")
   args = parser.parse_args(argv)
@@ -139,12 +147,19 @@ def _main(argv) -> None:
   bulk_job = args.input not in (None, "-") and args.output != "-"
   if (args.shard_lines is not None and args.shard_lines < 1) or args.processes < 1:
     parser.error(f"need --shard_lines >= 1 and --processes >= 1 (got {args.shard_lines}, {args.processes})")
+  if not args.worker and (args.nodes < 1 or args.processes % args.nodes):
+    parser.error(f"--processes {args.processes} tasks do not spread evenly over --nodes {args.nodes}: give "
+                 f"a multiple of --nodes (tasks per node x nodes)")
+  if not args.worker and args.nodes > 1 and args.launcher != "slurm":
+    parser.error("--nodes is for --launcher slurm; on this host, --processes K starts K workers")
   if not bulk_job and (args.processes > 1 or args.launcher == "slurm"):
     parser.error("--processes and --launcher share a job's parts through files: give a file --input and "
                  "a file --output")
   if bulk_job and not args.worker and (args.processes > 1 or args.launcher == "slurm"):
     _launch(args, argv)
     return
+  if args.worker and args.launcher == "slurm":
+    devices_lib.pin_slurm_task(args.gpus_per_task)   # before JAX starts: this task's own GPUs
   use_cpu_devices(args.cpu_devices)
   # JAX reads the device count when it starts: import what pulls it in only now.
   import run
@@ -229,8 +244,13 @@ def _check_reference(args, lines: int) -> None:
 
 def _decode_job(run, args, sampling) -> None:
   """A file to a file, in parts (decode/bulk.py): this process is one worker of the job."""
-  from decode import bulk
-  shard_lines = args.shard_lines or bulk.default_shard_lines(args.batch_tokens, args.beam_size)
+  import jax
+
+  from decode import bulk, device_batch_tokens
+  if args.worker:   # what this worker runs on: its share of the host (decode/devices.py)
+    print(f"[decode] {devices_lib.worker_report(jax.local_devices())}", file=sys.stderr, flush=True)
+  per_device = device_batch_tokens(args.batch_tokens, jax.local_devices()[0].platform)
+  shard_lines = args.shard_lines or bulk.default_shard_lines(per_device, args.beam_size)
   scanned = job_lib.scan_input(args.input, shard_lines)
   _check_reference(args, scanned["lines"])
   opened = run.load_run(args.workdir, args.checkpoint)
@@ -258,32 +278,64 @@ def _launch(args, argv) -> None:
   command = [sys.executable, "-m", "decode", *argv, "--worker", "--processes", "1"]
   progress = Progress(args.output, enabled=not args.no_progress)
   if args.launcher == "local":
-    per_worker = max(1, args.cpu_devices // args.processes)
-    workers = [subprocess.Popen(command + ["--cpu_devices", str(per_worker)]) for _ in range(args.processes)]
+    workers = _start_workers(args, command)
     while any(w.poll() is None for w in workers):
       progress.poll()
       time.sleep(0.5)
-    failed = [f"exit status {w.returncode}" for w in workers if w.returncode != 0]
+    failed = [f"worker {i} (pid {w.pid}): exit status {w.returncode}" for i, w in enumerate(workers)
+              if w.returncode != 0]
   else:
     from decode import slurm
     job_lib.job_dir(args.output).mkdir(parents=True, exist_ok=True)
-    if args.cpus_per_task:   # one CPU device per core the task is given, not per core of the node
-      command += ["--cpu_devices", str(args.cpus_per_task)]
-    handle = slurm.submit(command, job_lib.job_dir(args.output), tasks=args.processes,
-                          partition=args.partition, time_minutes=args.time, cpus_per_task=args.cpus_per_task,
-                          gpus_per_task=args.gpus_per_task, sbatch=args.sbatch)
-    print(f"[decode] submitted SLURM job {handle.job_id} ({args.processes} tasks); its logs: "
-          f"{job_lib.job_dir(args.output) / slurm.FOLDER}", file=sys.stderr)
+    cpus = args.cpus_per_task or slurm.default_cpus_per_task(args.gpus_per_task)
+    # One CPU device per core the task is given, not per core of the node.
+    command += ["--cpu_devices", str(cpus)]
+    handle = slurm.submit(command, job_lib.job_dir(args.output), nodes=args.nodes,
+                          tasks_per_node=args.processes // args.nodes, partition=args.partition,
+                          time_minutes=args.time, cpus_per_task=cpus, gpus_per_task=args.gpus_per_task,
+                          sbatch=args.sbatch)
+    print(f"[decode] submitted SLURM job {handle.job_id} ({args.processes} tasks on {args.nodes} "
+          f"node{'s' if args.nodes > 1 else ''}); its logs: {job_lib.job_dir(args.output) / slurm.FOLDER}",
+          file=sys.stderr)
     while not handle.done():
       progress.poll()
       time.sleep(2.0)
     failed = [error for error in map(lambda t: _task_error(handle, t), range(args.processes)) if error]
   summary = progress.summary()
   print(summary, file=sys.stderr)
+  if failed and progress.job is not None and progress.job.joined():
+    print(f"[decode] {len(failed)} of {args.processes} workers failed ({'; '.join(failed)[:300]}); the "
+          f"others took over their parts", file=sys.stderr)
   if progress.job is None or not progress.job.joined():
     fail(f"{len(failed)} of {args.processes} workers failed ({'; '.join(failed)[:300]}) and "
          f"{args.output} is not finished: rerun the same command to translate the parts left")
   _score(args)
+
+
+def _start_workers(args, command) -> list[subprocess.Popen]:
+  """--processes K on this host: K workers, each pinned to its own share of the host's devices before
+  it starts JAX (decode/devices.py): its GPU(s) or TPU chip, seen alone; on a CPU, its cores as its
+  affinity and its part of the CPU devices."""
+  kind, ids = devices_lib.host_devices()
+  try:
+    shares = devices_lib.split(kind, ids, args.processes)
+  except ValueError as error:
+    fail(str(error))
+  cpu_devices = devices_lib.cpu_device_count(args.cpu_devices)
+  base, extra = divmod(cpu_devices, args.processes)
+  per_worker = [max(1, base + (index < extra)) for index in range(args.processes)]
+  cores = kind == "cpu" and len(ids) >= args.processes   # else they share the cores
+  what = "cores" if kind == "cpu" else kind.upper() + "s"
+  print(f"[decode] {args.processes} workers on this host's {len(ids)} {what}: "
+        + "; ".join(",".join(share) for share in shares), file=sys.stderr)
+  workers = []
+  for index, share in enumerate(shares):
+    env = devices_lib.share_env(kind, share, os.environ, index=index, cpu_devices=per_worker[index])
+    affinity = {int(core) for core in share} if cores else None
+    workers.append(subprocess.Popen(
+        command + ["--cpu_devices", str(per_worker[index])], env=env,
+        preexec_fn=(lambda cpus=affinity: os.sched_setaffinity(0, cpus)) if affinity else None))
+  return workers
 
 
 def _task_error(handle, task: int) -> str | None:

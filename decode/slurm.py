@@ -1,6 +1,11 @@
 """`python -m decode --launcher slurm`: the workers of a bulk decoding job as the tasks of one SLURM job,
 submitted with submitit.
 
+The job has --processes tasks spread over --nodes nodes; with --gpus_per_task G each task gets G GPUs of
+its own (SLURM binds them; where a cluster shows a task every GPU of its node, the task keeps its own G
+by SLURM_LOCALID: decode/devices.py's pin_slurm_task), so one task per GPU is `--gpus_per_task 1
+--processes NODES*GPUS_PER_NODE --nodes NODES`.
+
 Each task runs the same `python -m decode ... --worker` command that a local worker runs; the tasks
 share nothing but the job directory beside the output (a filesystem every node sees), where they claim
 parts (decode/job.py). A task that dies, or a node that goes away, leaves its part to the others once its
@@ -22,6 +27,12 @@ import submitit
 from run import devices
 
 FOLDER = "slurm"
+CPUS_PER_TASK = 4   # --cpus_per_task's default for a CPU task: 4 CPU devices
+
+
+def default_cpus_per_task(gpus_per_task: int) -> int:
+  """--cpus_per_task's default: training's for a task with GPUs (run/devices.py), else CPUS_PER_TASK."""
+  return devices.default_cpus_per_task(gpus_per_task) if gpus_per_task else CPUS_PER_TASK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +48,11 @@ class DecodeTask:
     return 0
 
 
-def submit(command: list[str], job_directory, *, tasks: int, partition: str | None, time_minutes: int,
-           cpus_per_task: int | None, gpus_per_task: int, sbatch: list[str]) -> submitit.Job:
-  """Submits one SLURM job of `tasks` tasks, each running `command`; returns submitit's handle."""
+def submit(command: list[str], job_directory, *, nodes: int = 1, tasks_per_node: int, partition: str | None,
+           time_minutes: int, cpus_per_task: int | None = CPUS_PER_TASK, gpus_per_task: int,
+           sbatch: list[str]) -> submitit.Job:
+  """Submits one SLURM job of `tasks_per_node` tasks on each of `nodes` nodes, each task running
+  `command` with `cpus_per_task` CPUs and `gpus_per_task` GPUs of its own; returns submitit's handle."""
   folder = pathlib.Path(job_directory) / FOLDER
   folder.mkdir(parents=True, exist_ok=True)
   executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=0)
@@ -47,12 +60,11 @@ def submit(command: list[str], job_directory, *, tasks: int, partition: str | No
   for option in sbatch:
     key, sep, value = option.partition("=")
     extra[key.replace("-", "_")] = value if sep else True
-  parameters = dict(job_name="decode", ntasks_per_node=tasks, nodes=1, time=time_minutes,
+  parameters = dict(job_name="decode", nodes=nodes, ntasks_per_node=tasks_per_node, time=time_minutes,
                     additional_parameters=extra)
   if partition:
     parameters["partition"] = partition
-  # None: the default of training's jobs (run/devices.py), from the GPUs each task drives
-  parameters["cpus_per_task"] = cpus_per_task or devices.default_cpus_per_task(gpus_per_task)
+  parameters["cpus_per_task"] = cpus_per_task or default_cpus_per_task(gpus_per_task)
   if gpus_per_task:
     parameters["gpus_per_task"] = gpus_per_task
   executor.update_parameters(**parameters)

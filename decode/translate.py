@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.batching import bucket_lengths
 from data.vocab import BOS, EOS
-from decode import DEFAULTS
+from decode import DEFAULTS, device_batch_tokens
 from decode import beam_search as beam_lib
 from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
@@ -147,7 +147,9 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   folded into one key: the same samples on any number of devices, in any batch, and in a shard of a
   larger input that starts at its line first_index (decode/bulk.py).
   max_extra_len: a hypothesis may have up to source length + max_extra_len tokens (the paper: + 50).
-  batch_tokens: rows per batch are chosen so that rows * beam_size * padded source length <= this.
+  batch_tokens: per device: each device's rows of a batch are chosen so that rows * beam_size * padded
+  source length <= this (a batch has that many rows times the mesh's devices); 0: the device's default
+  (decode.DEVICE_BATCH_TOKENS: 4,096 on a CPU device, 65,536 on a GPU or TPU chip).
   nbest=1 returns a list of strings; nbest=K (<= beam_size) returns, per sentence, a list of K
   (translation, score) pairs, best first.
   source_eos: end every source with EOS, as the model was trained (config.data.source_eos).
@@ -171,6 +173,7 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   rng = jax.random.key(seed)
   mesh = make_mesh(jax.local_devices()) if mesh is None else mesh
   num_devices = mesh.devices.size
+  batch_tokens = device_batch_tokens(batch_tokens, mesh.devices.flat[0].platform)
   params = jax.device_put(params, NamedSharding(mesh, P()))     # replicated once, not per batch
   weights = decoding_weights_fn(cfg, mesh)(params)              # laid out once, not per batch
   if vocab.eos_id != EOS or vocab.bos_id != BOS:
@@ -205,8 +208,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
   bar.update(len(sentences) - sum(len(v) for v in buckets.values()))
   for padded in sorted(buckets):
     members = sorted(buckets[padded], key=lambda i: len(ids[i]))
-    # Rows per batch: a power of two (so few shapes compile) and a multiple of the devices.
-    max_rows = _round_up(pow2_floor(batch_tokens // (padded * beam_size)), num_devices)
+    # Rows per batch: a power of two per device (so few shapes compile), times the devices.
+    max_rows = pow2_floor(batch_tokens // (padded * beam_size)) * num_devices
     steps = min(padded + max_extra_len, cfg.max_len - padded - 2 if prompts else limit)
     search = search_fn(cfg, beam_size, float(alpha), int(min_len), steps, sampling_key, mesh)
     for start in range(0, len(members), max_rows):

@@ -29,6 +29,7 @@ from run import devices
 
 FOLDER = "slurm"              # in the run directory: submitit's files and the tasks' logs
 JOB_FILE = "slurm_job.txt"    # in the run directory: the id of the last job submitted for it
+JOBS_FILE = "slurm_jobs.txt"  # in the run directory: every job submitted for it, one id a line
 _ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
           "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED")
 
@@ -105,11 +106,12 @@ class TrainTask(submitit.helpers.Checkpointable):
   child SIGTERM, waits until it saved and exited, and hands submitit the same task to requeue.
   """
 
-  def __init__(self, command: list[str], cwd: str):
-    self.command, self.cwd = list(command), cwd
+  def __init__(self, command: list[str], cwd: str, on_success=None):
+    self.command, self.cwd, self.on_success = list(command), cwd, on_success
     self._child = None
 
   def __call__(self) -> int:
+    start = time.time()
     self._child = subprocess.Popen(
         self.command, cwd=self.cwd,
         preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
@@ -117,6 +119,10 @@ class TrainTask(submitit.helpers.Checkpointable):
       time.sleep(0.5)
     if self._child.returncode != 0:
       raise RuntimeError(f"{' '.join(self.command)} exited with {self._child.returncode}")
+    if self.on_success is not None and _global_rank() == 0:
+      # The job records its own result (a sweep trial's DONE marker), so that it never depends on a
+      # watcher that may have been stopped or killed meanwhile.
+      self.on_success(seconds=time.time() - start, by=f"SLURM job {os.environ.get('SLURM_JOB_ID', '?')}")
     return 0
 
   def checkpoint(self, *args, **kwargs):
@@ -127,36 +133,50 @@ class TrainTask(submitit.helpers.Checkpointable):
         os.waitpid(child.pid, 0)
       except ChildProcessError:
         pass
-    return submitit.helpers.DelayedSubmission(TrainTask(self.command, self.cwd))
+    return submitit.helpers.DelayedSubmission(TrainTask(self.command, self.cwd, self.on_success))
 
   def __getstate__(self):
-    return {"command": self.command, "cwd": self.cwd}
+    return {"command": self.command, "cwd": self.cwd, "on_success": self.on_success}
 
   def __setstate__(self, state):
-    self.__init__(state["command"], state["cwd"])
+    self.__init__(state["command"], state["cwd"], state.get("on_success"))
 
 
-def submit(command: list[str], workdir, options: SlurmOptions, name: str) -> submitit.Job:
+def _global_rank() -> int:
+  """This task's rank in its job (0 outside SLURM)."""
+  return int(os.environ.get("SLURM_PROCID", "0") or 0)
+
+
+def submit(command: list[str], workdir, options: SlurmOptions, name: str, on_success=None) -> submitit.Job:
   """Submits `command` (run in every task, from the current directory) as a job for run directory
-  `workdir`; records the job id in workdir/slurm_job.txt. Returns the submitit job."""
+  `workdir`; records the job id in workdir/slurm_job.txt and appends it to workdir/slurm_jobs.txt (every
+  job ever submitted for it, one a line). on_success(seconds=, by=): called by task 0 of the job once
+  the command exited 0 (picklable: it travels with the job). Returns the submitit job."""
   workdir = pathlib.Path(workdir).absolute()
   (workdir / FOLDER).mkdir(parents=True, exist_ok=True)
-  job = _executor(workdir / FOLDER, options, name).submit(TrainTask(command, os.getcwd()))
+  job = _executor(workdir / FOLDER, options, name).submit(TrainTask(command, os.getcwd(), on_success))
   (workdir / JOB_FILE).write_text(f"{job.job_id}\n")
+  with open(workdir / JOBS_FILE, "a") as history:
+    history.write(f"{job.job_id}\n")
   return job
 
 
 def job_state(job_id: str) -> str:
   """SLURM's state of a job ('RUNNING', 'COMPLETED', 'FAILED', ...; 'UNKNOWN' once SLURM forgot it).
 
-  Asks squeue, which knows finished jobs for MinJobAge seconds, so this works without accounting.
+  Asks squeue, which knows finished jobs for MinJobAge seconds (so this works without accounting), then
+  sacct, which knows them for as long as the cluster keeps its accounting.
   """
-  try:
-    out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T", "--states=all"], text=True,
-                         capture_output=True, timeout=60).stdout.split()
-  except (OSError, subprocess.TimeoutExpired):
-    return "UNKNOWN"
-  return out[0] if out else "UNKNOWN"
+  for command in (["squeue", "-h", "-j", str(job_id), "-o", "%T", "--states=all"],
+                  ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"]):
+    try:
+      done = subprocess.run(command, text=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+      continue
+    out = done.stdout.split() if done.returncode == 0 else []
+    if out:
+      return out[0]   # sacct: 'CANCELLED by 0' -> 'CANCELLED'
+  return "UNKNOWN"
 
 
 def alive(job_id: str) -> bool:
@@ -220,15 +240,18 @@ class SlurmTrial:
     return self.returncode
 
 
-def trial_starter(options: SlurmOptions):
+def trial_starter(options: SlurmOptions, on_success=None):
   """For jobs.sweep.run_sweep: start(command, trial_dir, log) -> SlurmTrial. A trial whose job is still
-  queued or running (from an earlier sweep command) is watched again instead of submitted twice."""
+  queued or running (from an earlier sweep command) is watched again instead of submitted twice.
+  on_success(trial_dir): what the trial's own job calls when its command succeeded (jobs.sweep passes
+  a recorder of the trial's result and DONE marker), or None."""
   def start(command, trial_dir, log):
     job_id = recorded_job(trial_dir)
     if job_id:
       log.write(f"[sweep] watching SLURM job {job_id} again\n")
     else:
-      job_id = submit(command, trial_dir, options, name=f"aiayn-{pathlib.Path(trial_dir).name}").job_id
+      job_id = submit(command, trial_dir, options, name=f"aiayn-{pathlib.Path(trial_dir).name}",
+                      on_success=None if on_success is None else on_success(trial_dir)).job_id
       log.write(f"[sweep] submitted SLURM job {job_id}; task logs in {trial_dir / FOLDER}\n")
     log.flush()
     return SlurmTrial(job_id, pathlib.Path(trial_dir), log)

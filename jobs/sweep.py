@@ -8,8 +8,11 @@ The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (
 
     python -m train --config FILE[:arg] --workdir DIR/NAME [--config.k=v shared by all] --config.k=v ...
 
-with its output in DIR/NAME/sweep.log. Rerunning the command skips trials with a DONE marker, resumes
-interrupted ones (the trainer resumes from its checkpoints) and retries failed ones. A failed trial is
+with its output in DIR/NAME/sweep.log, under `python -m jobs.sweep_trial`, which writes the trial's
+result and DONE marker itself when the trainer finishes (so a trial that ends after this command was
+killed is still marked). Rerunning the command skips trials with a DONE marker, watches trials whose
+process an earlier (killed) command left running, resumes interrupted ones (the trainer resumes from
+its checkpoints) and retries failed ones. A failed trial is
 recorded (status FAILED, its log) and the others go on. At the end the runner writes DIR/results.csv,
 DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper's numbers when the
 experiment file has a PAPER dict keyed by trial name) and prints where they are.
@@ -19,7 +22,11 @@ Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop;
 --launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
 see jobs/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
 queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
-results. Stopping the sweep leaves the jobs to SLURM; rerunning it watches them again.
+results. Each trial's job records its own result and DONE marker when its trainer finishes, watched or
+not. Stopping (or killing) the sweep leaves the jobs to SLURM; rerunning the same command skips the
+trials that are done, watches again the jobs still queued or running, and submits only the trials
+whose job ended without finishing them (or never ran): nothing that finished is submitted twice.
+Every job submitted for trial NAME is listed in DIR/NAME/slurm_jobs.txt.
 """
 from __future__ import annotations
 
@@ -41,7 +48,7 @@ from run import metrics as metrics_io
 from run.user_errors import UserError, reported
 from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.signals import SignalFlag
-from jobs import slurm
+from jobs import slurm, sweep_trial
 from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
 
 DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
@@ -143,6 +150,27 @@ def reached_end(trial_dir: pathlib.Path) -> bool:
   return bool(steps) and max(steps) >= target
 
 
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+  """What a trial's own SLURM job calls once its trainer exited 0 (jobs.slurm.TrainTask's on_success):
+  if the run reached its num_steps, it records the trial as done (sweep_status.json: status, seconds,
+  finished_by) and writes its DONE marker, so that a finished trial is marked even when no sweep command
+  watches it any more (one that was killed, or a node that went away). Picklable: it travels with the job."""
+  trial_dir: str
+
+  def __call__(self, *, seconds: float, by: str) -> None:
+    trial_dir = pathlib.Path(self.trial_dir)
+    if not reached_end(trial_dir):   # exited 0 after SIGTERM: interrupted, not done
+      return
+    seconds += read_status(trial_dir).get("seconds", 0.0)
+    write_status(trial_dir, status="done", returncode=0, seconds=seconds, finished_by=by)
+    mark_done(trial_dir)
+
+
+def mark_done(trial_dir: pathlib.Path) -> None:
+  (trial_dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+
 # ------------------------------------------------------------------------------------------------------
 # Running.
 # ------------------------------------------------------------------------------------------------------
@@ -159,8 +187,38 @@ class _Running:
     return time.time() - self.start
 
 
-def _start_local(command, trial_dir, log) -> subprocess.Popen:
-  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+class _RunningElsewhere:
+  """A Popen-like handle on a local trial that a killed sweep command left running (its
+  jobs.sweep_trial process still holds the trial's lock): watched until it ends, stopped by SIGTERM."""
+
+  def __init__(self, pid: int, trial_dir: pathlib.Path, log):
+    self.pid, self.dir, self.returncode = pid, trial_dir, None
+    log.write(f"[sweep] watching the trial's process {pid} again (started by an earlier sweep command)\n")
+    log.flush()
+
+  def poll(self):
+    if self.returncode is None and sweep_trial.holder(self.dir) is None:
+      self.returncode = 0 if (self.dir / DONE).exists() or reached_end(self.dir) else 1
+    return self.returncode
+
+  def send_signal(self, sig) -> None:
+    if self.poll() is None and self.pid > 0:
+      os.kill(self.pid, sig)
+
+  def wait(self):
+    while self.poll() is None:
+      time.sleep(0.2)
+    return self.returncode
+
+
+def _start_local(command, trial_dir, log):
+  """The trial's trainer under jobs.sweep_trial, which records the trial's result and DONE itself; or,
+  where an earlier sweep command's trial process still runs, a handle that watches it."""
+  running = sweep_trial.holder(trial_dir)
+  if running is not None:
+    return _RunningElsewhere(running, pathlib.Path(trial_dir), log)
+  return subprocess.Popen([sys.executable, "-m", "jobs.sweep_trial", str(trial_dir), "--", *command],
+                          stdout=log, stderr=subprocess.STDOUT)
 
 
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
@@ -216,8 +274,11 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         todo = []
       while todo and len(running) < parallel and not stop.received:
         trial = todo.pop(0)
-        started += 1
         trial_dir = workdir / trial.name
+        if (trial_dir / DONE).exists():   # its own job finished it since the sweep looked
+          say(f"skip {trial.name} (done)")
+          continue
+        started += 1
         trial_dir.mkdir(parents=True, exist_ok=True)
         resumed = (trial_dir / "checkpoints").exists()
         log = open(trial_dir / LOG, "a")
@@ -238,9 +299,15 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         running.remove(r)
         r.log.close()
         seconds = read_status(r.dir).get("seconds", 0.0) + r.seconds()
-        if code == 0 and reached_end(r.dir):
+        if (r.dir / DONE).exists():   # the trial's own job recorded its result (TrialResult)
+          if read_status(r.dir).get("status") != "done":   # our "running" overwrote it: once more
+            write_status(r.dir, status="done", returncode=0)
+          row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
+          say(f"done {r.trial.name} in {read_status(r.dir).get('seconds', 0.0):.0f} s: dev ppl "
+              f"{fmt_number(row['dev_ppl'], 3)}, dev BLEU {fmt_number(row['dev_bleu'], 2)}")
+        elif code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
-          (r.dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          mark_done(r.dir)
           row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
           say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
               f"dev BLEU {fmt_number(row['dev_bleu'], 2)}")
@@ -324,7 +391,8 @@ def main(argv=None) -> int:
     start, parallel = _start_local, args.parallel
     if args.launcher == "slurm":
       try:
-        start, parallel = slurm.trial_starter(slurm.options_from(args)), 1_000_000   # SLURM queues them
+        # SLURM queues them; each trial's job writes its own result and DONE marker.
+        start, parallel = slurm.trial_starter(slurm.options_from(args), on_success=TrialResult), 1_000_000
       except ValueError as error:
         parser.error(str(error))
     statuses = run_sweep(args.config, args.workdir, parallel=parallel, shared=rest, only=only or None,

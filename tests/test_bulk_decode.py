@@ -2,12 +2,15 @@
 
 The model and run directory are test_translate's (a tiny random Transformer saved as a run).
 """
+import contextlib
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -41,8 +44,10 @@ MODES = {
 
 
 def _decode(run, source, output, *flags):  # noqa: F811
+  """36 tokens per device: one row per device in every bucket, in the parts' full batches as in the
+  in-memory path's small ones, so that --nbest's scores round alike (on the tests' 8 CPU devices)."""
   decode_main(["--workdir", str(run), "--input", str(source), "--output", str(output),
-               "--max_extra_len", "6", "--batch_tokens", "288", "--no_progress", *flags])
+               "--max_extra_len", "6", "--batch_tokens", "36", "--no_progress", *flags])
 
 
 def _in_memory(run, source, capsys, *flags):  # noqa: F811
@@ -109,7 +114,7 @@ def test_a_changed_setting_is_refused_naming_it(run, source, tmp_path, capsys, c
   directory = job_lib.job_dir(out)
   directory.mkdir()
   scanned = job_lib.scan_input(source, 7)
-  settings = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=288, nbest=1, min_len=0,
+  settings = dict(beam_size=3, alpha=0.6, max_extra_len=6, batch_tokens=36, nbest=1, min_len=0,
                   sampling=None, seed=0, source_eos=False)
   from decode import bulk
   import run as run_lib
@@ -268,14 +273,55 @@ def test_a_worker_killed_mid_job_then_a_rerun_gives_the_uninterrupted_output(run
   assert sorted(p.name for p in parts.iterdir()) == ["done.json", "join.lock", "manifest.json"]
 
 
+def _follow(stream, lines: list) -> threading.Thread:
+  """Collects a stream's lines in a thread, as they come."""
+  thread = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True)
+  thread.start()
+  return thread
+
+
 @pytest.mark.slow
-def test_two_workers_give_the_output_of_one(run, long_source, tmp_path, uninterrupted):  # noqa: F811
+def test_two_workers_on_their_own_devices_give_the_output_of_one_and_take_over_a_killed_ones_part(
+    run, long_source, tmp_path, uninterrupted):  # noqa: F811
+  """--processes 2 on 8 CPU devices: each worker gets 4 devices and its own cores; one is SIGKILLed
+  while it holds a part, the other translates that part too, and the output is one worker's."""
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs 2 cores to give each worker its own (this process may use 1)")
   out = tmp_path / "hyp.txt"
-  done = subprocess.run(_command(run, long_source, out, "--shard_lines", "4", "--processes", "2"),
-                        env=_env(), cwd=ROOT, capture_output=True, text=True)
-  assert done.returncode == 0, done.stderr
+  launcher = subprocess.Popen(_command(run, long_source, out, "--shard_lines", "4", "--processes", "2",
+                                       "--cpu_devices", "8"),
+                              env=_env(), cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  lines: list[str] = []
+  reader = _follow(launcher.stderr, lines)
+  parts, reports, held = job_lib.job_dir(out), {}, None
+  deadline = time.time() + 600
+  while held is None:
+    assert launcher.poll() is None and time.time() < deadline, "".join(lines)
+    reports = {int(m.group(1)): m for m in map(WORKER.search, list(lines)) if m}
+    if len(reports) == 2:
+      victim = min(reports)
+      for claim in parts.glob("part-*.claim.*"):
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+          if json.loads(claim.read_text())["pid"] == victim:
+            held = claim
+    time.sleep(0.02)
+  os.kill(victim, signal.SIGKILL)
+  part = held.name.split(".")[0]
+  time.sleep(0.5)
+  # Its claim is left behind (its part not done), until the other worker takes the part over.
+  assert held.exists() or (parts / f"{part}.txt").exists() or out.exists()
+  assert launcher.wait(timeout=600) == 0, "".join(lines)
+  reader.join(timeout=10)
+  text = "".join(lines)
   assert out.read_bytes() == uninterrupted
-  assert "60 lines translated" in done.stderr
+  assert "60 lines translated" in text and "1 of 2 workers failed" in text, text
+  # Each worker on 4 CPU devices of its own and its own cores.
+  assert [m.group(2) for m in reports.values()] == ["4 cpu devices", "4 cpu devices"], text
+  cores = [set(m.group(3).split(",")) for m in reports.values()]
+  assert cores[0] and cores[1] and not cores[0] & cores[1], text
+
+
+WORKER = re.compile(r"\[decode\] worker pid (\d+) on \S+: (\d+ \w+ devices?) \[[^]]*\]; its share: cores (\S+)")
 
 
 @pytest.mark.slow
@@ -300,3 +346,70 @@ def test_translate_counts_the_target_tokens_of_each_best_hypothesis(model_and_pa
   assert sum(lengths) > 0 and all(n > 0 for n, h in zip(lengths, hyps) if h)
   # Detokenizing and tokenizing again mostly gives the same pieces.
   assert sum(n == len(vocab.encode(h)) for n, h in zip(lengths, hyps)) >= 4
+
+
+# ------------------------------------------------------------------------------------------------------
+# Device shares of the workers, and the SLURM job over nodes (no GPU, no SLURM needed).
+# ------------------------------------------------------------------------------------------------------
+
+def test_each_worker_sees_only_its_own_gpus_and_too_many_workers_are_refused(monkeypatch):
+  from decode import devices
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+  kind, ids = devices.host_devices()
+  assert (kind, ids) == ("gpu", [str(i) for i in range(8)])
+  shares = devices.split(kind, ids, 8)
+  envs = [devices.share_env(kind, s, os.environ, index=i, cpu_devices=1) for i, s in enumerate(shares)]
+  assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [str(i) for i in range(8)]
+  assert devices.split(kind, ids, 3) == [["0", "1", "2"], ["3", "4", "5"], ["6", "7"]]
+  with pytest.raises(ValueError, match=r"^--processes 9 but this host has 8 GPUs \(0,1,2,3,4,5,6,7\): one "
+                                       r"worker per device at most; give --processes 8 or fewer$"):
+    devices.split(kind, ids, 9)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")   # the CPU, whatever the host has
+  assert devices.host_devices()[0] == "cpu"
+
+
+def test_cpu_workers_split_the_cores_and_the_forced_device_count():
+  from decode import devices
+  assert devices.split("cpu", ["0", "1", "2", "3", "4"], 2) == [["0", "1", "2"], ["3", "4"]]
+  assert devices.split("cpu", ["0"], 2) == [["0"], ["0"]]    # fewer cores than workers: shared
+  environ = {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"}
+  assert devices.cpu_device_count(2, environ) == 8
+  env = devices.share_env("cpu", ["1"], environ, index=1, cpu_devices=4)
+  assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
+
+
+def test_a_slurm_task_that_sees_its_whole_node_keeps_its_own_gpus(monkeypatch):
+  from decode import devices
+  monkeypatch.setenv("SLURM_LOCALID", "2")
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+  devices.pin_slurm_task(2)
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+  devices.pin_slurm_task(2)                       # bound already (SLURM's own binding): unchanged
+  assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+
+
+def test_the_slurm_launcher_spreads_one_task_per_gpu_over_the_nodes(tmp_path, monkeypatch):
+  import submitit
+
+  from decode import slurm
+  seen = {}
+  monkeypatch.setattr(submitit.SlurmExecutor, "submit",
+                      lambda self, task: seen.update(sbatch=self._make_submission_file_text("CMD", "0")))
+  slurm.submit(["python", "-m", "decode"], tmp_path, nodes=2, tasks_per_node=8, partition="gpu",
+               time_minutes=30, gpus_per_task=1, sbatch=["account=abc"])
+  for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-task=1", "--cpus-per-task=4",
+               "--account=abc"):
+    assert f"#SBATCH {line}\n" in seen["sbatch"], seen["sbatch"]
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--launcher", "slurm", "--processes", "3", "--nodes", "2"], "--processes 3 tasks do not spread evenly "
+                                                                   "over --nodes 2"),
+    (["--processes", "2", "--nodes", "2"], "--nodes is for --launcher slurm"),
+])
+def test_bad_worker_layouts_are_refused_in_one_line(tmp_path, capsys, flags, named):
+  with pytest.raises(SystemExit) as exit_info:
+    decode_main(["--workdir", str(tmp_path), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "out.txt"), *flags])
+  assert exit_info.value.code == 2 and named in capsys.readouterr().err

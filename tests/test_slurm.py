@@ -1,6 +1,8 @@
 """Runs and sweeps through a real SLURM (scripts/slurm_local.sh starts a one-node cluster; CI runs it).
 
 - a 2-trial smoke sweep with --launcher slurm: each trial a job, results table as with the local runner;
+- a sweep whose watcher is SIGKILLed after its first trial finished: the rerun submits only the trials
+  that did not finish (each trial's own job writes its DONE marker);
 - a 2-task job (2 processes x 2 CPU devices) that is "preempted" with SIGUSR2 after its checkpoint at
   step 4 (what SLURM sends before a time limit): it saves, submitit requeues it, it resumes, and ends
   bitwise equal to the same training run by jobs.launch on this machine;
@@ -9,11 +11,13 @@ Skipped, with the reason, where no SLURM controller answers.
 """
 import csv
 import functools
+import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -23,6 +27,7 @@ import pytest
 from run import checkpoint as ckpt
 from run import metrics as metrics_io
 from jobs import slurm
+from test_sweep import HELD_TRAINER, THREE_TRIALS, until
 from train.train import TIMING_KEYS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -140,3 +145,63 @@ def test_each_task_of_a_two_task_job_reports_the_devices_it_was_given(tmp_path):
   first = slurm.task_log(tmp_path, job, 0).read_text()
   assert "[devices] 2 processes x 2 local devices = 4 global devices (cpu); per host: " in first, first
   assert " 2 processes x 2" in first.split("per host: ")[1]
+
+
+# The sweep command of the test: jobs.sweep's main with the held trainer in place of `python -m train`.
+WATCHER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from jobs import slurm, sweep
+    options = slurm.SlurmOptions(partition="debug", time_minutes=10, cpus_per_task=1)
+    statuses = sweep.run_sweep({spec!r}, {workdir!r}, parallel=1_000_000, poll_seconds=0.5,
+                               trainer=(sys.executable, {trainer!r}),
+                               start=slurm.trial_starter(options, on_success=sweep.TrialResult))
+    sys.exit(0 if all(s == "done" for s in statuses.values()) else 1)
+""")
+
+
+def _jobs(trial_dir) -> list[str]:
+  path = trial_dir / slurm.JOBS_FILE
+  return path.read_text().split() if path.exists() else []
+
+
+def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_path):
+  """Trial 'first' finishes (its own job writes its DONE), then the watcher is SIGKILLed; trial 'held'
+  is still running and 'lost''s job is cancelled. The same command again: skips 'first', watches 'held''s
+  job again, resubmits 'lost' alone, and ends with all three done."""
+  (tmp_path / "train.py").write_text(HELD_TRAINER)
+  (tmp_path / "exp.py").write_text(THREE_TRIALS)
+  out = tmp_path / "sweep"
+  script = WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"), workdir=str(out),
+                          trainer=str(tmp_path / "train.py"))
+  command = [sys.executable, "-c", script]
+  with open(tmp_path / "watcher1.log", "w") as log:
+    watcher = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+  trials = {name: out / name for name in ("first", "held", "lost")}
+  until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
+  jobs = {name: _jobs(d)[0] for name, d in trials.items()}
+  (out / "release-first").touch()
+  until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
+  watcher.kill()
+  watcher.wait()
+  status = json.loads((trials["first"] / "sweep_status.json").read_text())
+  assert status["status"] == "done" and status["finished_by"] == f"SLURM job {jobs['first']}", status
+  subprocess.run(["scancel", jobs["lost"]], check=True)
+  assert slurm.wait(jobs["lost"], poll_seconds=0.5, timeout=120) != "COMPLETED"
+  assert slurm.alive(jobs["held"]) and not (trials["held"] / "DONE").exists()
+
+  with open(tmp_path / "watcher2.log", "w") as log:
+    rerun = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+  until(lambda: len(_jobs(trials["lost"])) == 2 or rerun.poll() is not None, "lost's resubmission")
+  (out / "release-held").touch()
+  (out / "release-lost").touch()
+  assert rerun.wait(timeout=300) == 0, (tmp_path / "watcher2.log").read_text()
+  text = (tmp_path / "watcher2.log").read_text()
+  assert "skip first (done)" in text, text
+  # Submitted over both commands: one job for each finished or running trial, and one more for 'lost'.
+  assert {name: _jobs(d) for name, d in trials.items()} == \
+      {"first": [jobs["first"]], "held": [jobs["held"]], "lost": [jobs["lost"], _jobs(trials["lost"])[1]]}
+  assert f"watching SLURM job {jobs['held']} again" in (trials["held"] / "sweep.log").read_text()
+  assert slurm.job_state(_jobs(trials["lost"])[1]) == "COMPLETED"
+  rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
+  assert rows == {"first": "done", "held": "done", "lost": "done"}, text

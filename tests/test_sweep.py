@@ -60,6 +60,52 @@ EXPERIMENT = textwrap.dedent("""
 """)
 
 
+# A stand-in for `python -m train` that saves its config, then waits for DIR/release-NAME before it writes
+# the metrics of a finished run: the test decides when each trial ends.
+HELD_TRAINER = textwrap.dedent(f"""
+    import json, os, pathlib, sys, time
+    sys.path.insert(0, {str(ROOT)!r})
+    import experiments
+    from run import config as config_io
+    args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+    spec, workdir = args.pop("config"), pathlib.Path(args.pop("workdir"))
+    config = experiments.load_experiment(spec)
+    experiments.apply_overrides(config, {{k.removeprefix("config."): v for k, v in args.items()}})
+    config_io.save_config(config, workdir)
+    with open(workdir / "starts.txt", "a") as f:
+      f.write(f"{{os.getpid()}}\\n")
+    while not (workdir.parent / ("release-" + workdir.name)).exists():
+      time.sleep(0.2)
+    n, h = config.train.num_steps, config.model.num_heads
+    with open(workdir / "metrics.jsonl", "w") as f:
+      f.write(json.dumps({{"step": n, "eval/loss": 2.0 / h, "eval/ppl": 4.0 + 1.0 / h}}) + "\\n")
+""")
+
+THREE_TRIALS = textwrap.dedent("""
+    from experiments import default
+
+    def get_config(arg=None):
+      return default.get_config("smoke")
+
+    def sweep(add):
+      add(name="first", **{"model.num_heads": 2})
+      add(name="held", **{"model.num_heads": 4})
+      add(name="lost", **{"model.num_heads": 1})
+""")
+
+def until(condition, what: str, timeout: float = 300) -> None:
+  deadline = time.time() + timeout
+  while not condition():
+    assert time.time() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.1)
+
+
+def trainers_started(trial_dir) -> list[str]:
+  """The pids of the trainers started for a trial (HELD_TRAINER's starts.txt)."""
+  path = trial_dir / "starts.txt"
+  return path.read_text().split() if path.exists() else []
+
+
 @pytest.fixture
 def fake(tmp_path):
   (tmp_path / "fake_train.py").write_text(FAKE_TRAINER)
@@ -192,3 +238,53 @@ def test_a_slurm_job_stopped_while_queued_adds_no_wall_clock(tmp_path, monkeypat
     for r in watched:
       r.start = 900.0                     # the runner submitted or started each 100 s ago
     assert [r.seconds() for r in watched] == [0.0, 60.0, 100.0]
+
+
+LOCAL_WATCHER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from jobs import sweep
+    statuses = sweep.run_sweep({spec!r}, {workdir!r}, parallel=3, poll_seconds=0.1,
+                               trainer=(sys.executable, {trainer!r}))
+    sys.exit(0 if all(s == "done" for s in statuses.values()) else 1)
+""")
+
+
+@pytest.mark.slow
+def test_a_killed_local_sweep_rerun_starts_only_the_unfinished_trials(tmp_path):
+  """Trial 'first' finishes, then the sweep command is SIGKILLed; 'held''s trainer goes on and 'lost''s
+  dies too. The same command again: skips 'first' (its trial process wrote DONE), watches 'held''s
+  process instead of starting a second trainer on its run directory, and starts 'lost' again."""
+  (tmp_path / "train.py").write_text(HELD_TRAINER)
+  (tmp_path / "exp.py").write_text(THREE_TRIALS)
+  out = tmp_path / "sweep"
+  command = [sys.executable, "-c", LOCAL_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
+                                                        workdir=str(out), trainer=str(tmp_path / "train.py"))]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  trials = {name: out / name for name in ("first", "held", "lost")}
+  watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+  until(lambda: all(trainers_started(d) for d in trials.values()), "the three trainers")
+  (out / "release-first").touch()
+  until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
+  watcher.kill()
+  watcher.wait()
+  from jobs import sweep_trial
+  status = json.loads((trials["first"] / sweep.STATUS).read_text())
+  assert status["status"] == "done" and status["finished_by"].startswith("local process "), status
+  for pid in (sweep_trial.holder(trials["lost"]), int(trainers_started(trials["lost"])[0])):
+    os.kill(pid, signal.SIGKILL)        # 'lost''s trial process and its trainer die too
+  until(lambda: sweep_trial.holder(trials["lost"]) is None, "lost's trial process to end")
+  assert sweep_trial.holder(trials["held"]) is not None
+
+  rerun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+  until(lambda: len(trainers_started(trials["lost"])) == 2 or rerun.poll() is not None, "lost's restart")
+  (out / "release-held").touch()
+  (out / "release-lost").touch()
+  text, _ = rerun.communicate(timeout=300)
+  assert rerun.returncode == 0, text
+  assert "skip first (done)" in text, text
+  assert {name: len(trainers_started(d)) for name, d in trials.items()} == {"first": 1, "held": 1, "lost": 2}
+  assert "watching the trial's process" in (trials["held"] / sweep.LOG).read_text()
+  rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
+  assert rows == {"first": "done", "held": "done", "lost": "done"}, text
