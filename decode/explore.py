@@ -229,10 +229,13 @@ class Explorer:
 
   def _translate(self, opened, text, settings):
     """Encoder-decoder or decoder-only translation: decode.translate.translate, as python -m decode."""
+    import jax
+
     from data import tasks
     from data.lm import SEP
     from data.vocab import BOS, EOS
     from decode.translate import translate
+    from run.mesh import make_mesh
     model, vocab, cfg = opened.model, opened.vocab, opened.model.cfg
     eos = tasks.source_eos(opened.config.data)
     ids = self._encode(opened, text, "source")
@@ -241,9 +244,11 @@ class Explorer:
     src_ids = ids[:limit]                                   # what translate() reads (it truncates alike)
     if eos:
       src_ids = src_ids[:limit - 1] + [EOS]
+    # One sentence, one device: the same translation as on all of them (tests/test_translate.py), without
+    # the filler rows that would give every other device a share.
     common = dict(beam_size=settings.beam_size, alpha=settings.alpha, max_extra_len=settings.max_extra_len,
                   batch_tokens=int(opened.config.get("decode", {}).get("batch_tokens", 4096)),
-                  source_eos=eos)
+                  source_eos=eos, mesh=make_mesh(jax.local_devices()[:1]))
     with warnings.catch_warnings():   # translate's warning about the truncation is in `notes`
       warnings.simplefilter("ignore")
       if settings.temperature is None:
