@@ -110,6 +110,19 @@ def _top(logits_row, vocab, k=TOP, show=lambda p: p):
   return p, [[show(vocab.id_to_piece(int(i))), round(float(p[i]), DIGITS)] for i in best]
 
 
+def _how(settings: Settings) -> str:
+  """The search or sampling a result came from, in words (the page shows it under the output)."""
+  if settings.temperature is None:
+    how = f"beam search (beam {settings.beam_size}, length penalty {settings.alpha})"
+  elif settings.temperature == 0:
+    how = "greedy"
+  else:
+    how = f"a sample at temperature {settings.temperature}, seed {settings.seed}"
+  if settings.repetition_penalty != 1.0:
+    how += f", repetition penalty {settings.repetition_penalty}"
+  return how + f", at most {settings.max_extra_len} pieces more than the input"
+
+
 class Explorer:
   """A run directory opened for the page: answers `analyze(text, settings)` with a JSON-ready dict, or
   raises InputError. A run that cannot be opened (no checkpoint yet, a wrong directory) is retried at
@@ -273,13 +286,12 @@ class Explorer:
       tgt_pieces = self._pieces(tgt_in)
       axes = {"enc_self": (src_pieces, src_pieces), "dec_self": (tgt_pieces, tgt_pieces),
               "cross": (tgt_pieces, src_pieces)}
-    tokens = self._token_rows(logits, hyp_ids + [EOS], first, ["dec_self", "cross"])
-    how = ("beam search" if settings.temperature is None else
-           "greedy" if settings.temperature == 0 else f"a sample at temperature {settings.temperature}")
+    tokens, log_prob = self._token_rows(logits, hyp_ids + [EOS], first, ["dec_self", "cross"])
+    how = _how(settings)
     return dict(mode="translate", input=text, output=best, how=how, settings=dataclasses.asdict(settings),
                 source_pieces=src_pieces, notes=notes,
                 nbest=[{"text": t, "score": None if s is None else round(float(s), DIGITS)} for t, s in nbest],
-                log_prob=round(sum(math.log(max(t["p"], 1e-30)) for t in tokens), DIGITS),
+                log_prob=log_prob,
                 tokens=tokens, attention=self._attention(maps, axes))
 
   def _continue(self, opened, text, settings):
@@ -311,14 +323,13 @@ class Explorer:
     logits, maps = self._forward([], seq)
     pieces = self._pieces(seq)
     predicted = cont + ([EOS] if EOS in found[0][0] else [])
-    tokens = self._token_rows(logits[:len(seq)], predicted, len(prompt) - 1, ["dec_self"])
-    how = ("beam search" if settings.temperature is None else
-           "greedy" if settings.temperature == 0 else f"a sample at temperature {settings.temperature}")
+    tokens, log_prob = self._token_rows(logits, predicted, len(prompt) - 1, ["dec_self"])
+    how = _how(settings)
     return dict(mode="continue", input=text, output=vocab.decode(cont), how=how, notes=notes,
                 settings=dataclasses.asdict(settings), source_pieces=self._pieces(prompt),
                 nbest=[{"text": vocab.decode(ends(s)), "score": None if sc is None else round(sc, DIGITS)}
                        for s, sc in found],
-                log_prob=round(sum(math.log(max(t["p"], 1e-30)) for t in tokens), DIGITS),
+                log_prob=log_prob,
                 tokens=tokens, attention=self._attention(maps, {"dec_self": (pieces, pieces)}))
 
   def _fill(self, opened, text, settings):
@@ -346,7 +357,8 @@ class Explorer:
       best = int(np.argmax(p))
       if token == MASK:
         filled[position] = best
-      tokens.append({"piece": self._pieces([token])[0], "p": round(float(p[token]), DIGITS), "top": top,
+      shown = None if token == MASK else round(float(p[token]), DIGITS)   # (a mask's own p means nothing)
+      tokens.append({"piece": self._pieces([token])[0], "p": shown, "top": top,
                      "masked": token == MASK, "query": position, "kinds": ["enc_self"]})
     pieces = self._pieces(ids)
     return dict(mode="fill", input=text, output=opened.vocab.decode(filled), how="masked LM", notes=notes,
@@ -366,13 +378,15 @@ class Explorer:
 
   def _token_rows(self, logits, predicted, first, kinds):
     """Per output piece: its probability under the model (temperature 1, no penalty) given the input and
-    the pieces before it, the TOP most probable pieces there, and the query row that predicted it."""
-    rows = []
+    the pieces before it, the TOP most probable pieces there, and the query row that predicted it; and the
+    sum of their log-probabilities (the output's, under the model)."""
+    rows, log_prob = [], 0.0
     for i, token in enumerate(predicted):
       p, top = _top(logits[first + i], self._run.vocab)
+      log_prob += math.log(max(float(p[token]), 1e-300))
       rows.append({"piece": self._run.vocab.id_to_piece(int(token)), "p": round(float(p[token]), DIGITS),
                    "top": top, "masked": False, "query": first + i, "kinds": kinds})
-    return rows
+    return rows, round(log_prob, DIGITS)
 
   @staticmethod
   def _attention(maps, axes):

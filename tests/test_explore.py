@@ -30,6 +30,7 @@ from data.vocab import BOS, EOS, VOCAB_FILE, Vocab, train_vocab
 from decode import explore
 from decode.__main__ import main as decode_main
 from decode.attention_maps import attention_maps
+from decode.beam_search import length_penalty
 from decode.translate import translate
 from model import Transformer
 from run import checkpoint as ckpt
@@ -102,7 +103,7 @@ def test_the_attention_shown_is_decode_attention_maps_for_every_model(experiment
   workdir = runs(experiment)
   shown = explore.Explorer(workdir)
   text = "a [MASK] runs." if experiment == "mlm" else SENTENCE
-  result = shown.analyze(text, {"beam_size": 2, "max_extra_len": 4})
+  result = shown.analyze(text)   # the run's settings: beam 4, at most 4 more pieces (one compiled search)
   opened = shown.opened()
   vocab = opened.vocab
   ids = vocab.encode(text) if experiment != "mlm" else None
@@ -110,12 +111,18 @@ def test_the_attention_shown_is_decode_attention_maps_for_every_model(experiment
     src, tgt_in = ids, [BOS] + vocab.encode(result["output"])   # (its output: the two-clients test)
   elif experiment == "decoder_only_mt":
     src, tgt_in = [], [BOS, *ids, SEP, *vocab.encode(result["output"])]
-    assert result["output"] == translate(opened.model, opened.params, vocab, [text], beam_size=2,
-                                         max_extra_len=4, mesh=make_mesh(jax.devices()[:1]))[0]
+    assert result["output"] == translate(opened.model, opened.params, vocab, [text], max_extra_len=4,
+                                         mesh=make_mesh(jax.devices()[:1]))[0]
   elif experiment == "lm":
     (shown_rows,) = [a["rows"] for a in result["attention"]]
     src, tgt_in = [], [vocab.piece_to_id(p) for p in shown_rows]   # the continuation as searched
     assert tgt_in[:len(ids) + 1] == [BOS, *ids] and vocab.decode(tgt_in[len(ids) + 1:]) == result["output"]
+    # The pieces' probabilities are those the search scored: the best's score is their log-probability
+    # over the length penalty (where it ended with EOS within max_extra_len).
+    if result["tokens"][-1]["piece"] == vocab.id_to_piece(EOS):
+      np.testing.assert_allclose(result["nbest"][0]["score"],
+                                 result["log_prob"] / float(length_penalty(len(result["tokens"]), 0.6)),
+                                 rtol=1e-3)
   else:
     head, tail = text.split("[MASK]")
     src, tgt_in = vocab.encode(head) + [MASK] + vocab.encode(tail), []
@@ -133,7 +140,8 @@ def test_the_attention_shown_is_decode_attention_maps_for_every_model(experiment
   for token in result["tokens"]:
     probabilities = [p for _, p in token["top"]]
     assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0 + 1e-3
-    assert token["p"] <= probabilities[0] + 1e-4
+    assert (token["p"] is None) == token["masked"]   # a mask's own probability is not shown
+    assert token["masked"] or token["p"] <= probabilities[0] + 1e-4
 
 
 def test_bad_input_is_a_one_line_message(explorer, tmp_path, vocab_bytes):
