@@ -1,6 +1,7 @@
-"""Look inside a trained model in the browser: a local page that translates what you type and shows
-every head's attention, the beam's n-best and each output token's probability, for every model of the
-family.
+"""Look inside a trained model in the browser: type a sentence, see its output and every head's attention.
+
+A local page that translates what you type and shows every head's attention, the beam's n-best and each
+output piece's probability, for every model of the family.
 
     python -m decode.explore --workdir RUN [--checkpoint STEP|averaged] [--port 8080] [--host 127.0.0.1]
     python -m decode.explore --workdir RUN --html FILE --input TEXT [--input TEXT ...]
@@ -290,7 +291,8 @@ class Explorer:
     how = _how(settings)
     return dict(mode="translate", input=text, output=best, how=how, settings=dataclasses.asdict(settings),
                 source_pieces=src_pieces, notes=notes,
-                nbest=[{"text": t, "score": None if s is None else round(float(s), DIGITS)} for t, s in nbest],
+                nbest=[{"text": t, "score": None if s is None else round(float(s), DIGITS)}
+                       for t, s in nbest],
                 log_prob=log_prob,
                 tokens=tokens, attention=self._attention(maps, axes))
 
@@ -315,7 +317,8 @@ class Explorer:
       found = [([int(t) for t in seqs[0, j]], float(scores[0, j])) for j in range(settings.beam_size)]
     else:
       seqs, _ = prompt_sample(model, opened.params, array, jax.random.key(settings.seed), max_len=steps,
-                              temperature=settings.temperature, repetition_penalty=settings.repetition_penalty)
+                              temperature=settings.temperature,
+                              repetition_penalty=settings.repetition_penalty)
       found = [([int(t) for t in seqs[0]], None)]
     ends = lambda seq: seq[:seq.index(EOS)] if EOS in seq else seq
     cont = ends(found[0][0])
@@ -462,8 +465,9 @@ def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8080):
         self._json({"error": " ".join(str(error).split())})
       except Exception as error:  # noqa: BLE001 - a bug: one line on the page, the traceback here
         traceback.print_exc()
-        self._json({"error": f"internal error ({type(error).__name__}: {' '.join(str(error).split())[:300]}); "
-                             f"the server's console has the details"})
+        what = " ".join(str(error).split())[:300]
+        self._json({"error": f"internal error ({type(error).__name__}: {what}); the server's console has "
+                             f"the details"})
 
     def log_message(self, format, *args):  # noqa: A002 - http.server's signature
       if not (args and str(args[0]).startswith(("GET /api", "POST /api"))):
@@ -508,7 +512,8 @@ def main(argv=None) -> None:
   how.add_argument("--beam_size", type=int, default=None, help="default: the run's config.decode.beam_size")
   how.add_argument("--alpha", type=float, default=None, help="length penalty (default: config.decode.alpha)")
   how.add_argument("--max_extra_len", type=int, default=None, help="default: config.decode.max_extra_len")
-  how.add_argument("--temperature", type=float, default=None, help="sample instead of beam search (0: greedy)")
+  how.add_argument("--temperature", type=float, default=None,
+                   help="sample instead of beam search (0: greedy)")
   how.add_argument("--repetition_penalty", type=float, default=1.0, help="sampling: CTRL's penalty")
   how.add_argument("--seed", type=int, default=0, help="sampling: random seed")
   how.add_argument("--truncate", action="store_true", help="cut a sentence longer than the model reads")
@@ -538,7 +543,8 @@ def main(argv=None) -> None:
   try:
     server = make_server(explorer, args.host, args.port)
   except OSError as error:
-    fail(f"cannot serve on {args.host}:{args.port} ({error.strerror}): choose another --port (0: any free one)")
+    fail(f"cannot serve on {args.host}:{args.port} ({error.strerror}): choose another --port "
+         f"(0: any free one)")
   host, port = server.server_address[:2]
   state = explorer.info()
   where = f"step {state['step']}" if not state["error"] else state["error"]

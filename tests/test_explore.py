@@ -135,7 +135,8 @@ def test_the_attention_shown_is_decode_attention_maps_for_every_model(experiment
     assert weights.shape[:2] == (layers, MODEL["num_heads"])
     assert weights.shape[2:] == (len(a["rows"]), len(a["cols"]))
     for layer in range(layers):
-      np.testing.assert_allclose(weights[layer], expected[(a["kind"], layer)], atol=0.6 * 10 ** -explore.DIGITS)
+      np.testing.assert_allclose(weights[layer], expected[(a["kind"], layer)],
+                                 atol=0.6 * 10 ** -explore.DIGITS)   # sent rounded to DIGITS decimals
   # Each output piece's probability and top alternatives form a distribution's head, best first.
   for token in result["tokens"]:
     probabilities = [p for _, p in token["top"]]
@@ -217,12 +218,13 @@ def _browser_or_skip():
     from selenium import webdriver
   except ImportError:
     pytest.skip("selenium is not installed: pip install -e '.[test]' -c constraints.txt")
-  chrome = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
-                None)
+  names = ("chromium", "chromium-browser", "google-chrome")
+  chrome = next((shutil.which(n) for n in names if shutil.which(n)), None)
   driver = shutil.which("chromedriver")
   if chrome is None or driver is None:
-    pytest.skip(f"no {'chromium' if chrome is None else 'chromedriver'} on PATH: bash scripts/browser_local.sh "
-                f"installs Debian's chromium and chromium-driver")
+    missing = "chromium" if chrome is None else "chromedriver"
+    pytest.skip(f"no {missing} on PATH: bash scripts/browser_local.sh installs Debian's chromium and "
+                f"chromium-driver")
   os.environ.setdefault("SE_OFFLINE", "true")   # selenium: use the driver given, download nothing
   options = webdriver.ChromeOptions()
   options.binary_location = chrome
@@ -255,8 +257,9 @@ def _submit(browser, text, truncate=None):
   browser.find_element("id", "go").click()
   WebDriverWait(browser, 600).until(lambda b: _answers(b) > before)
   message = browser.find_element("id", "message")
+  shown = browser.find_element("id", "result").is_displayed()
   return (message.text if message.is_displayed() else None,
-          browser.find_element("id", "output").text if browser.find_element("id", "result").is_displayed() else None)
+          browser.find_element("id", "output").text if shown else None)
 
 
 def _panels(browser):
@@ -269,7 +272,8 @@ def _has_class(browser, selector, name):
 
 
 @pytest.mark.slow
-def test_the_page_translates_as_python_m_decode_shows_every_head_and_highlights(served, browser, runs, tmp_path):
+def test_the_page_translates_as_python_m_decode_shows_every_head_and_highlights(served, browser, runs,
+                                                                               tmp_path):
   from selenium.webdriver.common.action_chains import ActionChains
   browser.get(served)
   assert "step 7" in browser.find_element("id", "run").text
@@ -345,7 +349,8 @@ def test_the_html_file_shows_the_same_panels_offline(runs, browser, tmp_path, ca
     assert browser.find_element("id", "output").text == expected
   finally:
     browser.execute_cdp_cmd("Network.emulateNetworkConditions",
-                            {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+                            {"offline": False, "latency": 0, "downloadThroughput": -1,
+                             "uploadThroughput": -1})
 
 
 def test_the_command_refuses_what_it_cannot_do_in_one_line(tmp_path, vocab_bytes, capsys):
