@@ -20,12 +20,23 @@ KINDS = {"encoder/self_attention": "enc_self", "decoder/self_attention": "dec_se
 
 def attention_maps(model, params, src_ids, tgt_in_ids) -> dict:
   """One sentence -> {(kind, layer): float32 [h, q_len, kv_len]}, kind in enc_self/dec_self/cross."""
+  return forward_with_maps(model, params, src_ids, tgt_in_ids)[1]
+
+
+def forward_with_maps(model, params, src_ids, tgt_in_ids) -> tuple:
+  """One teacher-forced pass over one sentence: (float32 logits [len, vocab] over tgt_in_ids, or over
+  src_ids for an encoder-only model, attention_maps' dict). decode/explore.py shows both."""
   import jax.numpy as jnp
   src = jnp.asarray([src_ids], jnp.int32) if src_ids else None
   tgt = jnp.asarray([tgt_in_ids], jnp.int32) if tgt_in_ids else None
-  _, state = model.apply({"params": params}, src, tgt, mutable=["intermediates"])
+  logits, state = model.apply({"params": params}, src, tgt, mutable=["intermediates"])
+  return np.asarray(logits[0], np.float32), collect_maps(state["intermediates"])
+
+
+def collect_maps(intermediates) -> dict:
+  """The 'intermediates' collection of one sentence -> {(kind, layer): float32 [h, q_len, kv_len]}."""
   maps = {}
-  for stack, layers in state["intermediates"].items():
+  for stack, layers in intermediates.items():
     if stack not in ("encoder", "decoder"):
       continue
     for layer_name, modules in layers.items():
@@ -33,7 +44,7 @@ def attention_maps(model, params, src_ids, tgt_in_ids) -> dict:
       for module, values in modules.items():
         kind = KINDS.get(f"{stack}/{module}")
         if kind is not None:
-          maps[(kind, layer)] = np.asarray(values["attention_weights"][0][0])   # [h, q, k]
+          maps[(kind, layer)] = np.asarray(values["attention_weights"][0][0], np.float32)   # [h, q, k]
   return maps
 
 
