@@ -31,6 +31,12 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SIDES = ("source", "target")
 
 
+def threads() -> int:
+  """SentencePiece's threads: the CPUs this process may use (a SLURM task's, a worker's one), not the
+  machine's count."""
+  return len(os.sched_getaffinity(0))
+
+
 class Vocab:
   """A SentencePiece model with the ids this codebase relies on."""
 
@@ -71,7 +77,7 @@ class Vocab:
     return self._sp.encode(text)
 
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
-    return self._sp.encode(texts, num_threads=os.cpu_count() or 1)
+    return self._sp.encode(texts, num_threads=threads())
 
   def decode(self, ids) -> str:
     """Ids -> text; stops at the first eos and drops pad and bos."""
@@ -132,7 +138,7 @@ class PairVocab:
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
     if side not in SIDES:
       raise ValueError(f"side={side!r}: use one of {SIDES}")
-    cut = self._sp[side].encode(list(texts), out_type=str, num_threads=os.cpu_count() or 1)
+    cut = self._sp[side].encode(list(texts), out_type=str, num_threads=threads())
     return [[self._ids.get(piece, UNK) for piece in pieces] for pieces in cut]
 
   def decode(self, ids) -> str:
@@ -180,7 +186,7 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,
       character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
-      input_sentence_size=0, shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
+      input_sentence_size=0, shuffle_input_sentence=False, num_threads=threads(),
       minloglevel=2, **({"user_defined_symbols": list(reserved)} if reserved else {}))
   return writer.getvalue()
 
