@@ -364,16 +364,20 @@ def make_parts(data_config, reader, vocab, path: pathlib.Path, split: str, progr
     elif not cache_whole():
       built += take_shards(reader, vocab, parts, folder, cache_whole, on_chunk=show)
     waited, reported = time.monotonic(), time.monotonic()
-    while True:
-      alive = [w for w in workers if w[0].poll() is None]
+
+    def reap(wait=False):   # the reports of the workers that ended; -> those still running
+      alive = [w for w in workers if not wait and w[0].poll() is None]
       for process, out in [w for w in workers if w not in alive]:
+        process.wait()
         result = _worker_result(process, out)
-        built += result.get("built", [])
+        built.extend(result.get("built", []))
         if "error" in result:
           errors.append(result["error"])
         elif "failed" in result:
           log.warning(f"[data] a tokenizing worker of {me()} ended without its report ({result['failed']})")
-      workers = alive
+      return alive
+    while True:
+      workers = reap()
       if errors:
         for process, _ in workers:
           process.kill()
@@ -398,6 +402,7 @@ def make_parts(data_config, reader, vocab, path: pathlib.Path, split: str, progr
                        f"shard {k}: {holder(folder, k)}" for k in missing[:5]) + (" ..." if len(missing) > 5 else ""))
           reported = time.monotonic()
       time.sleep(POLL_S)
+    workers = reap(wait=True)   # every shard is whole: they are ending, if not ended
     show(force=True)
   built = sorted(set(built))
   seconds = time.perf_counter() - start

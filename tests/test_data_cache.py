@@ -1,6 +1,7 @@
 """The tokenized corpus on disk (data/cache.py): made once, never stale, never half; per-process rows."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -10,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from data import cache, load_pairs, make_train_iterator, synthetic, tokenized
+from data import cache, load_pairs, make_train_iterator, shards, synthetic, tokenized
 from data import vocab as vocab_lib
 from data.batching import packing_cuts
 from data.sources import DataError
@@ -107,7 +108,7 @@ def test_a_changed_corpus_file_or_vocabulary_makes_a_new_cache(corpus, tmp_path)
 _DIE_WHILE_TOKENIZING = """
 import json, os, sys
 import ml_collections
-from data import cache, vocab as vocab_lib
+from data import cache, shards, vocab as vocab_lib
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 vocab = vocab_lib.Vocab.load(sys.argv[2])
 encode, calls = vocab_lib.Vocab.encode_batch, []
@@ -117,7 +118,7 @@ def dying(self, texts, side="source"):
     os._exit(9)
   return encode(self, texts, side)
 vocab_lib.Vocab.encode_batch = dying
-cache._CHUNK = 100
+shards.CHUNK = 100
 cache.tokenized(config, vocab)
 """
 
@@ -127,13 +128,14 @@ def test_a_killed_cache_build_is_detected_and_made_again(corpus, tmp_path):
   vocab = get_vocab(config, tmp_path / "run")
   done = subprocess.run([sys.executable, "-c", _DIE_WHILE_TOKENIZING, json.dumps(config.to_dict()),
                          str(tmp_path / "run" / "vocab.model")], capture_output=True, text=True,
-                        cwd=os.path.dirname(os.path.dirname(__file__)))
+                        cwd=os.path.dirname(os.path.dirname(__file__)), env={**os.environ, "AIAYN_TOKENIZE_WORKERS": "1"})
   assert done.returncode == 9, done.stderr
   path = cache.split_dir(config, vocab, "train")
-  partial = list(path.parent.glob(path.name + ".tmp*"))
+  partial = list(path.parent.glob(path.name + ".parts-*/00000.tmp-*"))   # the one shard, half-written
   assert not path.exists() and len(partial) == 1 and (partial[0] / "src.ids").stat().st_size > 0
   pairs = tokenized(config, vocab)
   assert path.exists() and not partial[0].exists() and len(pairs) == PAIRS
+  assert not list(path.parent.glob(path.name + ".parts-*")) and not list(path.parent.glob(path.name + ".tmp*"))
   texts = load_pairs(config, "train")
   for i in (0, 150, PAIRS - 1):   # past the killed build's first chunk too
     np.testing.assert_array_equal(pairs.src[i], vocab.encode(texts[i][0]))
@@ -143,13 +145,13 @@ def test_a_killed_cache_build_is_detected_and_made_again(corpus, tmp_path):
 def test_processes_waiting_on_the_lock_read_the_cache_one_of_them_made(corpus, tmp_path, monkeypatch):
   config = _config(corpus, tmp_path)
   vocab = get_vocab(config, tmp_path / "run")
-  build, builds = cache.build_cache, []
+  assemble, assemblies = cache.assemble, []
 
-  def slow_build(*args):
-    builds.append(1)
+  def slow_assemble(*args):
+    assemblies.append(1)
     time.sleep(0.5)   # the other waits on the lock meanwhile
-    build(*args)
-  monkeypatch.setattr(cache, "build_cache", slow_build)
+    assemble(*args)
+  monkeypatch.setattr(cache, "assemble", slow_assemble)
   out = [None, None]
   read = lambda i: out.__setitem__(i, tokenized(config, vocab))
   threads = [threading.Thread(target=read, args=(i,)) for i in (0, 1)]
@@ -157,7 +159,7 @@ def test_processes_waiting_on_the_lock_read_the_cache_one_of_them_made(corpus, t
     thread.start()
   for thread in threads:
     thread.join()
-  assert len(builds) == 1
+  assert len(assemblies) == 1
   np.testing.assert_array_equal(out[0].tgt.ids, out[1].tgt.ids)
 
 
@@ -305,3 +307,130 @@ def test_a_cache_root_that_cannot_be_written_is_refused_in_one_line(corpus, tmp_
 
 def _model(corpus, tmp_path):
   return cache.train_vocab_cached(_config(corpus, tmp_path))[0]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Several processes make the cache together (data/shards.py): each tokenizes shards, one assembles them.
+# ------------------------------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One process of a job: waits for the test's go (so that both start together), then makes or reads the
+# cache, tokenizing on its own (no worker processes) so that `settings` can slow it down or SIGKILL it.
+_ONE_OF_SEVERAL = """
+import json, os, pathlib, signal, sys, time
+import logging
+import ml_collections
+from data import cache, shards, vocab as vocab_lib
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+config, settings = ml_collections.ConfigDict(json.loads(sys.argv[1])), json.loads(sys.argv[3])
+vocab = vocab_lib.Vocab.load(sys.argv[2])
+shards.SHARD_BYTES, shards.CHUNK = settings["shard_bytes"], settings["chunk"]
+shards.POLL_S = 0.05
+encode, calls = vocab_lib.Vocab.encode_batch, []
+def paced(self, texts, side="source"):
+  calls.append(1)
+  if len(calls) > settings.get("die_after", 1e9):   # mid-shard: the chunks before it are written
+    os.kill(os.getpid(), signal.SIGKILL)
+  time.sleep(settings["pause"])
+  return encode(self, texts, side)
+vocab_lib.Vocab.encode_batch = paced
+pathlib.Path(sys.argv[4] + ".ready").touch()
+while not os.path.exists(sys.argv[4]):
+  time.sleep(0.01)
+print(json.dumps({"pairs": len(cache.tokenized(config, vocab))}), flush=True)
+"""
+SHARDING = {"shard_bytes": 16384, "chunk": 50, "pause": 0.02}   # ~15 shards of ~110 pairs
+
+
+def _several(config, vocab_path, go, settings):
+  """Starts one process per entry of `settings` and lets them go at once. -> [(returncode, output)]."""
+  env = {**os.environ, "PYTHONPATH": ROOT, "AIAYN_TOKENIZE_WORKERS": "1"}
+  procs = [subprocess.Popen([sys.executable, "-c", _ONE_OF_SEVERAL, json.dumps(config.to_dict()), str(vocab_path),
+                             json.dumps({**SHARDING, **s}), str(go) + f".{i}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i, s in enumerate(settings)]
+  deadline = time.monotonic() + 120
+  while not all(os.path.exists(f"{go}.{i}.ready") for i in range(len(procs))) and time.monotonic() < deadline:
+    time.sleep(0.02)
+  for i in range(len(procs)):
+    pathlib.Path(f"{go}.{i}").touch()
+  return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+
+def _reported(output):
+  """The shards a process reported it tokenized ('[data] host:pid tokenized shards 0-2, 5 of 14 of train')."""
+  (line,) = [line for line in output.splitlines() if " tokenized shards " in line]
+  spans = line.split(" tokenized shards ")[1].split(" of ")[0]
+  shards = set()
+  for span in ([] if spans == "none" else spans.split(", ")):
+    first, _, last = span.partition("-")
+    shards |= set(range(int(first), int(last or first) + 1))
+  return shards, int(line.split(" of ")[1])
+
+
+def _files(path):
+  return {file.name: file.read_bytes() for file in sorted(path.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def one_process_cache(corpus, tmp_path_factory):
+  """The corpus's cache made by one process, with two worker processes, in shards as SHARDING cuts them."""
+  tmp_path = tmp_path_factory.mktemp("one")
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  patch = pytest.MonkeyPatch()
+  with patch.context() as m:
+    m.setenv("AIAYN_TOKENIZE_WORKERS", "2")
+    m.setattr(shards, "SHARD_BYTES", SHARDING["shard_bytes"])
+    report = cache.build(config, cache.open_split(config, "train"), vocab, cache.split_dir(config, vocab, "train"),
+                         "train")
+  assert report["assembled"] and report["shards"] >= 10 and report["built"] == list(range(report["shards"]))
+  return tmp_path / "run" / "vocab.model", _files(cache.split_dir(config, vocab, "train")), report["shards"]
+
+
+def _parts(config, vocab):
+  path = cache.split_dir(config, vocab, "train")
+  return path, list(path.parent.glob(path.name + ".parts-*"))
+
+
+def test_two_processes_each_tokenize_shards_into_the_one_process_cache(corpus, tmp_path, one_process_cache):
+  vocab_path, expected, count = one_process_cache
+  config = _config(corpus, tmp_path)
+  outcomes = _several(config, vocab_path, tmp_path / "go", [{}, {}])
+  assert [code for code, _ in outcomes] == [0, 0], outcomes
+  (a, total), (b, _) = [_reported(output) for _, output in outcomes]
+  assert a and b and not a & b and a | b == set(range(count)) and total == count   # both, disjoint, all
+  assert sum(" assembled " in output for _, output in outcomes) == 1
+  path, parts = _parts(config, vocab_lib.Vocab.load(vocab_path))
+  assert _files(path) == expected and not parts   # byte for byte; the shards removed
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_process_sigkilled_while_tokenizing_leaves_its_shard_to_the_other(corpus, tmp_path, one_process_cache,
+                                                                            victim):
+  vocab_path, expected, count = one_process_cache
+  config = _config(corpus, tmp_path)
+  settings = [{}, {}]
+  settings[victim] = {"die_after": 7}   # in its second shard (a shard: ~3 chunks, 2 encodes each)
+  outcomes = _several(config, vocab_path, tmp_path / "go", settings)
+  assert outcomes[victim][0] == -9 and outcomes[1 - victim][0] == 0, outcomes
+  taken, _ = _reported(outcomes[1 - victim][1])
+  assert 0 < len(taken) < count   # the survivor did the rest, the shard the victim held among it
+  path, parts = _parts(config, vocab_lib.Vocab.load(vocab_path))
+  assert _files(path) == expected and not parts and not list(path.parent.glob(path.name + ".tmp*"))
+
+
+def test_a_build_whose_processes_were_all_sigkilled_is_completed_by_the_rerun(corpus, tmp_path, one_process_cache):
+  vocab_path, expected, count = one_process_cache
+  config = _config(corpus, tmp_path)
+  outcomes = _several(config, vocab_path, tmp_path / "go", [{"die_after": 6}, {"die_after": 9}])
+  assert [code for code, _ in outcomes] == [-9, -9], outcomes
+  path, parts = _parts(config, vocab_lib.Vocab.load(vocab_path))
+  whole = {k for k in range(count) if shards.whole(parts[0], k)}
+  assert not path.exists() and whole and len(whole) < count and list(parts[0].glob("*.tmp-*"))
+  outcomes = _several(config, vocab_path, tmp_path / "again", [{}, {}])
+  assert [code for code, _ in outcomes] == [0, 0], outcomes
+  (a, _), (b, _) = [_reported(output) for _, output in outcomes]
+  assert a | b == set(range(count)) - whole and not a & b   # the whole shards were not made again
+  path, parts = _parts(config, vocab_lib.Vocab.load(vocab_path))
+  assert _files(path) == expected and not parts
