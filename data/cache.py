@@ -78,20 +78,20 @@ def _locked(path: pathlib.Path, what: str):
     raise DataError(f"the data cache {path.parent} cannot be written ({error.strerror or error}): set "
                     f"config.data.cache_dir (or $AIAYN_DATA_CACHE) to a folder you can write") from None
   with handle:
-    start = reported = time.monotonic()
+    start, reported = time.monotonic(), None
     while True:
       try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         break
       except BlockingIOError:
         now = time.monotonic()
-        if now == start or now - reported >= shards_lib.WAIT_REPORT_S:
+        if reported is None or now - reported >= shards_lib.WAIT_REPORT_S:
           try:
             who, since = path.read_text().split()
-            held = f"{who}, for {time.time() - float(since):.0f} s"
+            held = f"{who} has been making it for {time.time() - float(since):.0f} s"
           except (OSError, ValueError):
-            held = "another process"
-          log.info(f"[data] waiting {now - start:.0f} s for {what}, which {held} is making ({path})")
+            held = "another process is making it"
+          log.info(f"[data] waiting for {what}: {held} (waited {now - start:.0f} s; {path})")
           reported = now
         time.sleep(shards_lib.POLL_S)
     try:

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from data import cache, load_pairs, make_train_iterator, shards, synthetic, tokenized
+from data import cache, load_pairs, load_pairs_with_origins, make_train_iterator, shards, synthetic, tokenized
 from data import vocab as vocab_lib
 from data.batching import packing_cuts
 from data.sources import DataError
@@ -434,3 +434,121 @@ def test_a_build_whose_processes_were_all_sigkilled_is_completed_by_the_rerun(co
   assert a | b == set(range(count)) - whole and not a & b   # the whole shards were not made again
   path, parts = _parts(config, vocab_lib.Vocab.load(vocab_path))
   assert _files(path) == expected and not parts
+
+
+_BUILD_ONE_MILLION = """
+import json, logging, sys
+import ml_collections
+from data import cache, vocab as vocab_lib
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+print(json.dumps({"pairs": len(cache.tokenized(config, vocab_lib.Vocab.load(sys.argv[2])))}), flush=True)
+"""
+
+
+def _parent(pid):
+  try:
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+@pytest.mark.slow
+def test_a_million_pairs_by_two_processes_one_sigkilled_equal_one_process(corpus, tmp_path):
+  """Two real processes, each with a worker per CPU, make a 1,000,000-pair cache; process 1 is SIGKILLed
+  once one of its workers finished a shard and another holds one. Its workers die with it, process 0
+  takes its shard over, and the cache equals one process's byte for byte."""
+  folder = tmp_path / "million"
+  folder.mkdir()
+  lines = [line for line in (corpus / "train.tsv").read_text().splitlines() if "\t" in line]
+  with open(folder / "train.tsv", "w") as f:
+    for start in range(0, 1_000_000, len(lines)):
+      f.write("\n".join(lines[:1_000_000 - start]) + "\n")
+  (folder / "dev.tsv").write_text((corpus / "dev.tsv").read_text())
+  config = _config(folder, tmp_path, cache_dir=str(tmp_path / "two"))
+  vocab = get_vocab(config, tmp_path / "run")
+  path, _ = _parts(config, vocab)
+  env = {k: v for k, v in os.environ.items() if k != "AIAYN_TOKENIZE_WORKERS"} | {"PYTHONPATH": ROOT}
+  procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONE_MILLION, json.dumps(config.to_dict()),
+                             str(tmp_path / "run" / "vocab.model")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+  victim, victims_whole, victims_workers, deadline = procs[1], set(), set(), time.monotonic() + 600
+  while time.monotonic() < deadline and victim.poll() is None:
+    for parts in path.parent.glob(path.name + ".parts-*"):
+      for lock in parts.glob("*.lock"):
+        held = lock.read_text().split()
+        pid = int(held[0].rsplit(":", 1)[1]) if held else None
+        if pid and _parent(pid) == victim.pid:
+          victims_workers.add(pid)
+      for meta in parts.glob("*/meta.json"):
+        if int(json.loads(meta.read_text())["by"].rsplit(":", 1)[1]) in victims_workers:
+          victims_whole.add(int(meta.parent.name))
+      holding = [lock for lock in parts.glob("*.lock") if not shards.whole(parts, int(lock.stem))
+                 and lock.read_text().split() and int(lock.read_text().split()[0].rsplit(":", 1)[1]) in victims_workers]
+      if victims_whole and holding:
+        victim.kill()
+        break
+    time.sleep(0.1)
+  assert victim.wait(timeout=60) == -9, victim.stdout.read()
+  time.sleep(2)
+  assert not [pid for pid in victims_workers if _parent(pid) is not None]   # its workers died with it
+  survivor = procs[0]
+  assert survivor.wait(timeout=900) == 0
+  output = survivor.stdout.read()
+  taken, count = _reported(output)
+  assert taken and not taken & victims_whole and taken | victims_whole == set(range(count)) and count >= 6
+  assert json.loads(output.splitlines()[-1])["pairs"] == 1_000_000
+
+  one = _config(folder, tmp_path, cache_dir=str(tmp_path / "one"))
+  report = cache.build(one, cache.open_split(one, "train"), vocab, cache.split_dir(one, vocab, "train"), "train")
+  assert report["built"] == list(range(count))
+  assert _files(path) == _files(cache.split_dir(one, vocab, "train"))
+
+
+@pytest.mark.parametrize("layout", ["tsv", "tsv.gz", "aligned.gz"])
+def test_shards_of_every_file_layout_hold_the_pairs_and_lines_of_one_pass(corpus, tmp_path, monkeypatch, layout):
+  """Cut by bytes (one TSV) or by lines (gzipped, two files), read by two workers: the pairs, their line
+  numbers and the bad lines are the one-pass reader's (FileReader.chunks)."""
+  import gzip
+  lines = (corpus / "train.tsv").read_text().splitlines()
+  lines[20] = "\t"   # an empty side, besides the lines without a tab
+  folder = tmp_path / "layout"
+  folder.mkdir()
+  if layout == "aligned.gz":
+    for name, side in (("train.en.gz", 0), ("train.de.gz", 1)):
+      with gzip.open(folder / name, "wt") as f:   # the tab-less lines: a source and an empty target
+        f.write("".join((line.split("\t") + [""])[side] + "\n" for line in lines))
+    spec = f"{folder / 'train.en.gz'},{folder / 'train.de.gz'}"
+  else:
+    spec = str(folder / f"train.{layout}")
+    with (gzip.open if layout.endswith(".gz") else open)(spec, "wt") as f:
+      f.write("\n".join(lines) + "\n")
+  config = _config(corpus, tmp_path, train_path=spec)
+  vocab = get_vocab(_config(corpus, tmp_path), tmp_path / "run")
+  monkeypatch.setattr(shards, "SHARD_BYTES", 20_000)
+  monkeypatch.setattr(shards, "SHARD_LINES", 130)
+  monkeypatch.setenv("AIAYN_TOKENIZE_WORKERS", "2")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    pairs = tokenized(config, vocab)
+    texts, origins = load_pairs_with_origins(config, "train")
+  told = [str(w.message) for w in caught if "skipped" in str(w.message)]
+  assert len(told) == 2 and told[0] == told[1]   # the cache's report is the one pass's
+  assert len(pairs) == len(texts) == PAIRS - 1
+  assert [pairs.origin(i) for i in range(len(pairs))] == origins
+  for i in (0, 19, 20, 500, len(texts) - 1):
+    np.testing.assert_array_equal(pairs.src[i], vocab.encode(texts[i][0]))
+    np.testing.assert_array_equal(pairs.tgt[i], vocab.encode(texts[i][1]))
+
+
+def test_two_files_that_are_not_line_aligned_are_refused_by_the_shard_that_finds_it(corpus, tmp_path, monkeypatch):
+  a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+  a.write_text("x\n" * 1000)
+  b.write_text("y\n" * 1003)
+  config = _config(corpus, tmp_path, train_path=f"{a},{b}")
+  vocab = get_vocab(_config(corpus, tmp_path), tmp_path / "run")
+  monkeypatch.setattr(shards, "SHARD_LINES", 100)
+  monkeypatch.setenv("AIAYN_TOKENIZE_WORKERS", "2")
+  with pytest.raises(DataError) as error:
+    tokenized(config, vocab)
+  assert str(error.value) == f"config.data.train_path: {a} has 1000 lines but {b} has 1003; the two files must be line-aligned"
