@@ -552,3 +552,30 @@ def test_two_files_that_are_not_line_aligned_are_refused_by_the_shard_that_finds
   with pytest.raises(DataError) as error:
     tokenized(config, vocab)
   assert str(error.value) == f"config.data.train_path: {a} has 1000 lines but {b} has 1003; the two files must be line-aligned"
+
+
+def test_a_wait_for_a_shard_another_process_holds_says_which_and_who(corpus, tmp_path, monkeypatch, capsys):
+  config = _config(corpus, tmp_path)
+  vocab = get_vocab(config, tmp_path / "run")
+  for name, value in (("SHARD_BYTES", 16384), ("WAIT_REPORT_S", 0.2), ("POLL_S", 0.05)):
+    monkeypatch.setattr(shards, name, value)
+  monkeypatch.setenv("AIAYN_TOKENIZE_WORKERS", "1")
+  path = cache.split_dir(config, vocab, "train")
+  folder = shards.parts_dir(path, shards.plan(cache.open_split(config, "train")))
+  folder.mkdir(parents=True)
+  claim = shards._Claim(folder, 3)   # shard 3, claimed as another process would claim it
+  assert claim.held
+  out, said = [], ""
+  thread = threading.Thread(target=lambda: out.append(tokenized(config, vocab)))
+  thread.start()
+  deadline = time.monotonic() + 120
+  while " waiting " not in said and time.monotonic() < deadline:
+    time.sleep(0.1)
+    said += capsys.readouterr().out
+  claim.release()   # as if its holder died: the waiting process takes it over
+  thread.join()
+  said += capsys.readouterr().out
+  (waiting, *_) = [line for line in said.splitlines() if " waiting " in line]
+  assert "1 shard(s) of train" in waiting and f"shard 3: {shards.me()} for " in waiting
+  built, count = _reported(said)
+  assert built == set(range(count)) and len(out[0]) == PAIRS
