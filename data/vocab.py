@@ -31,9 +31,15 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SIDES = ("source", "target")
 
 
+# SentencePiece's trainer writes its thread count into the model, and a unigram model's pieces depend on
+# it: training on a fixed count (SentencePiece's own default) gives the same vocabulary, byte for byte,
+# on every machine and for every CPU allowance. Encoding gives the same ids on any number of threads.
+TRAIN_THREADS = 16
+
+
 def threads() -> int:
-  """SentencePiece's threads: the CPUs this process may use (a SLURM task's, a worker's one), not the
-  machine's count."""
+  """SentencePiece's encoding threads: the CPUs this process may use (a SLURM task's, a tokenizing
+  worker's one), not the machine's count."""
   return len(os.sched_getaffinity(0))
 
 
@@ -186,7 +192,7 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,
       character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
-      input_sentence_size=0, shuffle_input_sentence=False, num_threads=threads(),
+      input_sentence_size=0, shuffle_input_sentence=False, num_threads=TRAIN_THREADS,
       minloglevel=2, **({"user_defined_symbols": list(reserved)} if reserved else {}))
   return writer.getvalue()
 

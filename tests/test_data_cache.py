@@ -579,3 +579,22 @@ def test_a_wait_for_a_shard_another_process_holds_says_which_and_who(corpus, tmp
   assert "1 shard(s) of train" in waiting and f"shard 3: {shards.me()} for " in waiting
   built, count = _reported(said)
   assert built == set(range(count)) and len(out[0]) == PAIRS
+
+
+_TRAIN_ON_CPUS = """
+import hashlib, os, sys
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
+from data import synthetic, vocab as vocab_lib
+texts = [side for pair in synthetic.generate(1, {"train": 1500})["train"] for side in pair]
+print(hashlib.sha256(vocab_lib.train_vocab(texts, 300, seed=0, sample_sentences=3000, model_type="unigram")).hexdigest())
+"""
+
+
+def test_the_vocabulary_is_the_same_whatever_cpus_the_process_may_use():
+  """SentencePiece records its thread count in the model, and a unigram model's pieces depend on it:
+  trained on every CPU of this machine and on one, the same bytes."""
+  cpus = sorted(os.sched_getaffinity(0))
+  digests = {subprocess.run([sys.executable, "-c", _TRAIN_ON_CPUS, ",".join(map(str, allowed))], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                            check=True).stdout for allowed in (cpus, cpus[:1])}
+  assert len(digests) == 1
