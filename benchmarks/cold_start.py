@@ -89,8 +89,8 @@ def run_config(corpus: pathlib.Path, cache_dir: pathlib.Path, processes: int, cp
       cpus = ([machine[(p * cpus_per_process + i) % len(machine)] for i in range(cpus_per_process)]
               if cpus_per_process else [])
       spec = {"config": config, "start": start, "cpus": cpus}
-      procs.append(subprocess.Popen([sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)],
-                                    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out, text=True))
+      command = [sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)]
+      procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out, text=True))
     reports = []
     for process in procs:
       stdout, _ = process.communicate()

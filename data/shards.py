@@ -305,7 +305,8 @@ def _start_workers(data_config, vocab, split: str, parts, folder: pathlib.Path, 
             "units": [SHARD_BYTES, SHARD_LINES, SHARD_RECORDS, CHUNK]}
     out = tempfile.TemporaryFile("w+")
     process = subprocess.Popen([sys.executable, "-c", "from data.shards import _worker_main; _worker_main()"],
-                               stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+                               stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, text=True,
+                               env=env)
     process.stdin.write(json.dumps(task))
     process.stdin.close()
     workers.append((process, out))
@@ -397,9 +398,9 @@ def make_parts(data_config, reader, vocab, path: pathlib.Path, split: str, progr
         if time.monotonic() - reported >= WAIT_REPORT_S:
           shards.scan()
           missing = shards.missing()
+          held = "; ".join(f"shard {k}: {holder(folder, k)}" for k in missing[:5])
           log.info(f"[data] {me()} waiting {time.monotonic() - waited:.0f} s for {len(missing)} shard(s) of "
-                   f"{split} that other processes tokenize: " + "; ".join(
-                       f"shard {k}: {holder(folder, k)}" for k in missing[:5]) + (" ..." if len(missing) > 5 else ""))
+                   f"{split} that other processes tokenize: {held}{' ...' if len(missing) > 5 else ''}")
           reported = time.monotonic()
       time.sleep(POLL_S)
     workers = reap(wait=True)   # every shard is whole: they are ending, if not ended
@@ -407,9 +408,9 @@ def make_parts(data_config, reader, vocab, path: pathlib.Path, split: str, progr
   built = sorted(set(built))
   seconds = time.perf_counter() - start
   total = shards.last + 1 if shards.last is not None else "?"
+  pairs = sum(shards.metas[k]["pairs"] for k in built if k in shards.metas)
   log.info(f"[data] {me()} tokenized shards {spans(built) or 'none'} of {total} of {split} "
-           f"({max(count, 1)} worker(s), {sum(shards.metas[k]['pairs'] for k in built if k in shards.metas):,} "
-           f"pairs) in {seconds:.1f} s")
+           f"({max(count, 1)} worker(s), {pairs:,} pairs) in {seconds:.1f} s")
   return {"folder": folder, "parts": parts, "built": built, "workers": max(count, 1), "seconds": seconds,
           "shards": shards.last + 1 if shards.last is not None else 0}
 

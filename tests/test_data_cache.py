@@ -128,7 +128,8 @@ def test_a_killed_cache_build_is_detected_and_made_again(corpus, tmp_path):
   vocab = get_vocab(config, tmp_path / "run")
   done = subprocess.run([sys.executable, "-c", _DIE_WHILE_TOKENIZING, json.dumps(config.to_dict()),
                          str(tmp_path / "run" / "vocab.model")], capture_output=True, text=True,
-                        cwd=os.path.dirname(os.path.dirname(__file__)), env={**os.environ, "AIAYN_TOKENIZE_WORKERS": "1"})
+                        cwd=os.path.dirname(os.path.dirname(__file__)),
+                        env={**os.environ, "AIAYN_TOKENIZE_WORKERS": "1"})
   assert done.returncode == 9, done.stderr
   path = cache.split_dir(config, vocab, "train")
   partial = list(path.parent.glob(path.name + ".parts-*/00000.tmp-*"))   # the one shard, half-written
@@ -473,18 +474,17 @@ def test_a_million_pairs_by_two_processes_one_sigkilled_equal_one_process(corpus
                              str(tmp_path / "run" / "vocab.model")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
   victim, victims_whole, victims_workers, deadline = procs[1], set(), set(), time.monotonic() + 600
+  holder = lambda lock: int(lock.read_text().split()[0].rsplit(":", 1)[1]) if lock.read_text() else None
   while time.monotonic() < deadline and victim.poll() is None:
     for parts in path.parent.glob(path.name + ".parts-*"):
-      for lock in parts.glob("*.lock"):
-        held = lock.read_text().split()
-        pid = int(held[0].rsplit(":", 1)[1]) if held else None
-        if pid and _parent(pid) == victim.pid:
-          victims_workers.add(pid)
+      for lock in parts.glob("*.lock"):   # "host:pid since": a worker's, whose parent is the victim?
+        if holder(lock) and _parent(holder(lock)) == victim.pid:
+          victims_workers.add(holder(lock))
       for meta in parts.glob("*/meta.json"):
         if int(json.loads(meta.read_text())["by"].rsplit(":", 1)[1]) in victims_workers:
           victims_whole.add(int(meta.parent.name))
-      holding = [lock for lock in parts.glob("*.lock") if not shards.whole(parts, int(lock.stem))
-                 and lock.read_text().split() and int(lock.read_text().split()[0].rsplit(":", 1)[1]) in victims_workers]
+      holding = [lock for lock in parts.glob("*.lock")
+                 if not shards.whole(parts, int(lock.stem)) and holder(lock) in victims_workers]
       if victims_whole and holding:
         victim.kill()
         break
@@ -551,7 +551,8 @@ def test_two_files_that_are_not_line_aligned_are_refused_by_the_shard_that_finds
   monkeypatch.setenv("AIAYN_TOKENIZE_WORKERS", "2")
   with pytest.raises(DataError) as error:
     tokenized(config, vocab)
-  assert str(error.value) == f"config.data.train_path: {a} has 1000 lines but {b} has 1003; the two files must be line-aligned"
+  assert str(error.value) == (f"config.data.train_path: {a} has 1000 lines but {b} has 1003; the two files must "
+                              f"be line-aligned")
 
 
 def test_a_wait_for_a_shard_another_process_holds_says_which_and_who(corpus, tmp_path, monkeypatch, capsys):
@@ -586,7 +587,8 @@ import hashlib, os, sys
 os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
 from data import synthetic, vocab as vocab_lib
 texts = [side for pair in synthetic.generate(1, {"train": 1500})["train"] for side in pair]
-print(hashlib.sha256(vocab_lib.train_vocab(texts, 300, seed=0, sample_sentences=3000, model_type="unigram")).hexdigest())
+model = vocab_lib.train_vocab(texts, 300, seed=0, sample_sentences=3000, model_type="unigram")
+print(hashlib.sha256(model).hexdigest())
 """
 
 
