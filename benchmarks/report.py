@@ -507,6 +507,12 @@ def render_remat_scan(result: dict) -> str:
   return remat_scan.render(result)
 
 
+def render_cold_start(result: dict) -> str:
+  """benchmarks.cold_start's results file, as it prints it."""
+  from benchmarks import cold_start
+  return cold_start.render(result)
+
+
 DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "export_bleu": render_export_bleu,
               "table3_directions": render_table3_directions,
               "input_pipeline_scale": render_input_pipeline_scale, "search_summary": render_search_summary,
@@ -514,7 +520,8 @@ DOC_TABLES = {"variants": render_variants, "bulk_decode": render_bulk_decode, "e
               "back_translation": render_back_translation, "small_corpus": render_small_corpus,
               "training_runs": render_training_runs, "family_experiments": render_family_experiments,
               "family_models": render_family_models, "input_pipeline_formats": render_input_pipeline_formats,
-              "accelerator_check": render_accelerator_check, "remat_scan": render_remat_scan}
+              "accelerator_check": render_accelerator_check, "remat_scan": render_remat_scan,
+              "cold_start": render_cold_start}
 _BLOCK = re.compile(r"(<!-- table (\w+): ([^>]+?) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 

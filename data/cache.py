@@ -11,11 +11,16 @@ file or vocabulary is never read stale:
     src.lengths tgt.lengths   ids per pair (uint16, or int32 for a sentence of 65,528 ids or more)
     src.offsets tgt.offsets   int64 [pairs + 1]: where each pair starts in .ids
     numbers                   int64 [pairs]: the line (files) or record (TFDS) each pair came from
-It is written into `<name>.tmp-<pid>` and renamed when whole: a killed build leaves a .tmp directory
-that the next build removes, never a directory a run would read. One process makes it while holding
-`<name>.lock` (fcntl.flock, on the shared filesystem); any other process, run or host waits for the lock
-and then reads what it made. The root is $AIAYN_DATA_CACHE, else ~/.cache/aiayn/tokens (a config that
-declares data.cache_dir, as some tests' do, puts it there; no shipped experiment declares it).
+Every process that needs the cache makes its share of it: the split is cut into shards, which every
+process tokenizes with a worker per CPU into `<name>.parts-<plan>/` (data/shards.py: a shard is claimed
+with fcntl.flock and written whole or not at all, so a killed process's shard is taken over). Then one
+process, holding `<name>.lock` (fcntl.flock, on the shared filesystem), assembles the shards, first to
+last, into `<name>.tmp-<host>-<pid>/` and renames it when whole: the same bytes whatever the number of
+processes that made the shards. A killed assembly leaves a .tmp directory that the next one removes,
+never a directory a run would read. The others wait on the lock (saying, every minute, who holds it)
+and then read what it made. The root is $AIAYN_DATA_CACHE, else ~/.cache/aiayn/tokens (a config that
+declares data.cache_dir, as some tests' do, puts it there; no shipped experiment declares it). The
+vocabulary is trained once, by the first process to take its lock, on a bounded sample (`train_vocab_cached`); the others wait on that lock the same way.
 
 Every read checks the entry against what meta.json recorded when it was made (each file's size, and its
 crc32 where the file is under CHECKSUM_MAX_BYTES; vocab-<key>.json records the vocabulary's size and
@@ -28,18 +33,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import itertools
 import json
 import logging
 import os
 import pathlib
 import random
 import shutil
+import time
 import zlib
 
 import numpy as np
-import tqdm
 
+from data import shards as shards_lib
 from data import vocab as vocab_lib
 from data.sources import DataError, open_split, synthetic_tag
 from data.tokens import Side, TokenPairs
@@ -47,7 +52,6 @@ from data.tokens import Side, TokenPairs
 log = logging.getLogger(__name__)
 
 FORMAT = 2            # bumped when the layout changes: an older cache is then made again (2: checks)
-_CHUNK = 20_000       # pairs tokenized at a time (bounds the builder's memory)
 _SIDES = ("src", "tgt")
 _FILES = ("src.ids", "tgt.ids", "src.lengths", "tgt.lengths", "src.offsets", "tgt.offsets", "numbers")
 CHECKSUM_MAX_BYTES = 64 << 20   # a file up to this size is checksummed at every read; a larger one by size
@@ -65,8 +69,8 @@ def _key(*parts) -> str:
 
 @contextlib.contextmanager
 def _locked(path: pathlib.Path, what: str):
-  """Holds an exclusive flock on `path` (waiting, and saying so, while another process holds it).
-  Raises DataError when the cache root cannot be written."""
+  """Holds an exclusive flock on `path`, waiting while another process holds it and saying who, every
+  shards_lib.WAIT_REPORT_S. Raises DataError when the cache root cannot be written."""
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(path, "a+")
@@ -75,12 +79,27 @@ def _locked(path: pathlib.Path, what: str):
                     f"AIAYN_DATA_CACHE to a folder you can write (e.g. AIAYN_DATA_CACHE=$HOME/aiayn_tokens "
                     f"python -m train ...)") from None
   with handle:
+    start, reported = time.monotonic(), None
+    while True:
+      try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        now = time.monotonic()
+        if reported is None or now - reported >= shards_lib.WAIT_REPORT_S:
+          try:
+            who, since = path.read_text().split()
+            held = f"{who} has been making it for {time.time() - float(since):.0f} s"
+          except (OSError, ValueError):
+            held = "another process is making it"
+          log.info(f"[data] waiting for {what}: {held} (waited {now - start:.0f} s; {path})")
+          reported = now
+        time.sleep(shards_lib.POLL_S)
     try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      log.info(f"[data] waiting for another process to finish {what} ({path})")
-      fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
+      handle.seek(0)
+      handle.truncate()
+      handle.write(f"{shards_lib.me()} {time.time():.0f}\n")   # for the messages of those who wait
+      handle.flush()
       yield
     finally:
       fcntl.flock(handle, fcntl.LOCK_UN)
@@ -93,25 +112,48 @@ def split_dir(data_config, vocab, split: str, reader=None) -> pathlib.Path:
   return cache_root(data_config) / f"{split}-{key}"
 
 
-def tokenized(data_config, vocab, split: str = "train") -> TokenPairs:
+def tokenized(data_config, vocab, split: str = "train", progress: bool = True) -> TokenPairs:
   """The split tokenized with vocab, memory-mapped from its cache; made first if absent or damaged (see
-  the module docstring), reporting bad lines by file:line and showing pairs/s as it goes."""
+  the module docstring), this process tokenizing its share, reporting bad lines by file:line and, if
+  progress, showing the shards as they are made."""
   reader = open_split(data_config, split)
   path = split_dir(data_config, vocab, split, reader)
   meta, problem = checked(path)
   if problem:
-    with _locked(path.with_name(path.name + ".lock"), f"tokenizing {split}"):
-      meta, problem = checked(path)   # another process may have made it while we waited
-      if problem:
-        if path.exists():
-          log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
-          _set_aside(path, problem)
-        build_cache(reader, vocab, path, split)
-        meta, problem = checked(path)
+    build(data_config, reader, vocab, path, split, progress)
+    meta, problem = checked(path)
   if problem:   # just made, and already failing its check: the disk is at fault, not the cache
     raise DataError(f"the token cache {path} fails its check right after it was made ({problem}): "
                     f"delete it and check the disk under {path.parent}")
   return _open(path, meta)
+
+
+def build(data_config, reader, vocab, path: pathlib.Path, split: str, progress: bool = True) -> dict:
+  """Makes the cache at `path` with the other processes that call it (module docstring): a damaged one
+  set aside, this process's share of the shards tokenized, then the shards assembled by whichever process
+  takes the lock first. -> {"built": the shards this process tokenized, "shards", "assembled": whether
+  this process assembled them, "parts_s", "assembly_s"}."""
+  lock = path.with_name(path.name + ".lock")
+  with _locked(lock, f"the token cache of {split}"):
+    meta, problem = checked(path)
+    if problem and path.exists():
+      log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
+      _set_aside(path, problem)
+  if not problem:
+    return {"built": [], "shards": 0, "assembled": False, "parts_s": 0.0, "assembly_s": 0.0}
+  made = shards_lib.make_parts(data_config, reader, vocab, path, split, progress)
+  start, assembled = time.perf_counter(), False
+  with _locked(lock, f"the token cache of {split}"):
+    meta, problem = checked(path)   # another process may have assembled it while we waited
+    if problem:
+      if path.exists():
+        log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
+        _set_aside(path, problem)
+      assemble(reader, vocab, path, split, made["folder"], made["parts"])
+      assembled = True
+  shutil.rmtree(made["folder"], ignore_errors=True)   # whole: the shards are no longer needed
+  return {"built": made["built"], "shards": made["shards"], "assembled": assembled,
+          "parts_s": made["seconds"], "assembly_s": time.perf_counter() - start}
 
 
 def _crc32(path: pathlib.Path) -> int:
@@ -186,53 +228,76 @@ def _open(path: pathlib.Path, meta: dict) -> TokenPairs:
   return TokenPairs(*sides, origin=lambda i: meta["origin"].format(int(numbers[i])))
 
 
-def build_cache(reader, vocab, path: pathlib.Path, split: str) -> None:
-  for stale in path.parent.glob(f"{path.name}.tmp*"):   # a killed build's; we hold the lock
+class _Writer:
+  """A file written once, end to end, with its size and crc32 counted as it goes."""
+
+  def __init__(self, path: pathlib.Path):
+    self.file, self.bytes, self.crc32 = open(path, "wb"), 0, 0
+
+  def write(self, array: np.ndarray) -> None:
+    data = np.ascontiguousarray(array).tobytes()
+    self.file.write(data)
+    self.bytes += len(data)
+    self.crc32 = zlib.crc32(data, self.crc32)
+
+  def close(self) -> None:
+    self.file.flush()
+    os.fsync(self.file.fileno())
+    self.file.close()
+
+
+def assemble(reader, vocab, path: pathlib.Path, split: str, folder: pathlib.Path, parts) -> None:
+  """The cache at `path` from the whole shards in `folder`, first to last (the caller holds the lock):
+  ids end to end, offsets and line numbers shifted by the shards before, lengths uint16 where every one
+  of the split fits. Reports the split's bad lines once, as a one-process read would."""
+  metas = shards_lib.assemble_order(folder, parts)
+  pairs = sum(m["pairs"] for m in metas)
+  bad, base = {}, 0   # bad: reason -> [count, the first few line numbers of the split]
+  for meta in metas:
+    for reason, (count, numbers) in meta["bad"].items():
+      count_numbers = bad.setdefault(reason, [0, []])
+      count_numbers[0] += count
+      count_numbers[1] += [base + n for n in numbers][:max(0, 5 - len(count_numbers[1]))]
+    base += meta["lines"]
+  if bad and hasattr(reader, "report"):
+    reader.report(bad)
+  if not pairs and hasattr(reader, "no_pairs"):
+    raise reader.no_pairs(bad)
+  for stale in path.parent.glob(f"{path.name}.tmp*"):   # a killed assembly's; we hold the lock
     shutil.rmtree(stale, ignore_errors=True)
-  tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+  tmp = path.with_name(f"{path.name}.tmp-{shards_lib.me().replace(':', '-')}")
   tmp.mkdir(parents=True)
   dtype = np.uint16 if vocab.size <= 2 ** 16 else np.int32
-  files = {name: open(tmp / name, "wb") for name in _FILES}
-  totals, longest, pairs = {"src": 0, "tgt": 0}, {"src": 0, "tgt": 0}, 0
+  longest = {side: max((m["longest"][side] for m in metas), default=0) for side in _SIDES}
+  # uint16 lengths where every one fits, with room for the few ids a task adds (data.tasks.lengths)
+  length_dtypes = {side: "uint16" if longest[side] < 2 ** 16 - 8 else "int32" for side in _SIDES}
+  out = {name: _Writer(tmp / name) for name in _FILES}
+  totals, base = {"src": 0, "tgt": 0}, 0
   for side in _SIDES:
-    np.zeros(1, np.int64).tofile(files[f"{side}.offsets"])
-  bar = tqdm.tqdm(total=reader.size, desc=f"[data] tokenizing {split} into {path.name}", unit=" pairs",
-                  unit_scale=True, dynamic_ncols=True, mininterval=1.0)
-  with bar:
-    for chunk, numbers in reader.chunks(report=True, size=_CHUNK):
-      for side, texts in zip(_SIDES, zip(*chunk)):
-        ids = vocab.encode_batch(list(texts), "source" if side == "src" else "target")
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum()))   # [tokens]
-        flat.tofile(files[f"{side}.ids"])
-        (totals[side] + np.cumsum(lengths)).tofile(files[f"{side}.offsets"])
-        np.minimum(lengths, 2 ** 31 - 1).astype(np.int32).tofile(files[f"{side}.lengths"])
-        totals[side] += int(lengths.sum())
-        longest[side] = max(longest[side], int(lengths.max(initial=0)))
-      np.asarray(numbers, np.int64).tofile(files["numbers"])
-      pairs += len(chunk)
-      bar.update(len(chunk))
-  for handle in files.values():
-    handle.close()
-  length_dtypes = {}
-  for side in _SIDES:   # int32 lengths as written, narrowed to uint16 where every length fits
-    if longest[side] < 2 ** 16 - 8:   # room for the few ids a task adds (data.tasks.lengths)
-      wide = np.fromfile(tmp / f"{side}.lengths", np.int32)
-      wide.astype(np.uint16).tofile(tmp / f"{side}.lengths")
-      del wide
-    length_dtypes[side] = "uint16" if longest[side] < 2 ** 16 - 8 else "int32"
+    out[f"{side}.offsets"].write(np.zeros(1, np.int64))
+  for meta in metas:
+    shard = folder / f"{meta['shard']:05d}"
+    for side in _SIDES:
+      out[f"{side}.ids"].write(np.fromfile(shard / f"{side}.ids", dtype))                  # [shard tokens]
+      lengths = np.fromfile(shard / f"{side}.lengths", np.int32)                           # [shard pairs]
+      out[f"{side}.offsets"].write(totals[side] + np.cumsum(lengths, dtype=np.int64))
+      out[f"{side}.lengths"].write(lengths.astype(length_dtypes[side]))
+      totals[side] += int(meta["tokens"][side])
+    out["numbers"].write(base + np.fromfile(shard / "numbers", np.int64))
+    base += meta["lines"]
+  for writer in out.values():
+    writer.close()
   meta = {"format": FORMAT, "split": split, "pairs": pairs, "tokens": totals, "dtype": np.dtype(dtype).name,
           "length_dtype": length_dtypes, "origin": reader.origin, "vocab": vocab.fingerprint,
           "corpus": reader.fingerprint(),
-          "files": {name: {"bytes": (tmp / name).stat().st_size, "crc32": _crc32(tmp / name)} for name in _FILES}}
-  (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-  for name in tmp.iterdir():   # on disk before the rename makes the cache visible
-    handle = os.open(name, os.O_RDONLY)
-    os.fsync(handle)
-    os.close(handle)
+          "files": {name: {"bytes": out[name].bytes, "crc32": out[name].crc32} for name in _FILES}}
+  with open(tmp / "meta.json", "w") as f:
+    f.write(json.dumps(meta, indent=1) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
-  log.info(f"[data] tokenized {pairs:,} {split} pairs ({totals['src']:,} + {totals['tgt']:,} tokens) "
-           f"into {path}")
+  log.info(f"[data] assembled {len(metas)} shards: {pairs:,} {split} pairs ({totals['src']:,} + "
+           f"{totals['tgt']:,} tokens) into {path}")
 
 
 def vocab_sample(data_config, sample_sentences: int, seed: int):

@@ -188,6 +188,17 @@ class TfdsReader:
       records = self._source.__getitems__(indices)
       yield [(decode(r[src_lang]).strip(), decode(r[tgt_lang]).strip()) for r in records], indices
 
+  def parts(self, unit: int) -> "Parts":
+    """The plan of shards: every `unit` records (the last one shorter)."""
+    return Parts(self, "records", unit, max(1, -(-self.size // unit)))
+
+  def read_part(self, parts: "Parts", k: int, size: int = 10_000):
+    """Yields (pairs, numbers within shard k) a chunk at a time; returns (records, {} bad, ends here)."""
+    start, stop = k * parts.unit, min((k + 1) * parts.unit, self.size)
+    for pairs, indices in self._chunks_at(list(range(start, stop)), size):
+      yield pairs, [i - start for i in indices]
+    return max(0, stop - start), {}, k == parts.count - 1
+
   def take(self, indices) -> list[tuple[str, str]]:
     """The pairs at `indices` (any order), read directly."""
     out = {}
@@ -262,18 +273,47 @@ class FileReader:
   def chunks(self, report: bool = True, size: int = 20_000):
     """Yields (pairs, line numbers) `size` pairs at a time; bad lines are skipped and, if report,
     counted and named once at the end. A file without a usable pair raises DataError."""
-    bad, part, numbers, kept = {}, [], [], 0   # bad: reason -> [count, the first few places]
+    bad, part, numbers, kept = {}, [], [], 0   # bad: reason -> [count, the first few line numbers]
+    lines = self._aligned() if len(self.paths) == 2 else self._numbered(_open_lines(self.paths[0]))
+    for number, src, tgt in self._usable(lines, bad):
+      part.append((src, tgt))
+      numbers.append(number)
+      if len(part) == size:
+        kept += len(part)
+        yield part, numbers
+        part, numbers = [], []
+    kept += len(part)
+    if part:
+      yield part, numbers
+    if report:
+      self.report(bad)
+    if not kept:
+      raise self.no_pairs(bad)
 
+  def report(self, bad: dict, base: int = 0) -> None:
+    """Warns once about the bad lines `bad` counts (reason -> [count, first few line numbers - base])."""
+    report_skipped({reason: (count, [self.origin.format(base + n) for n in numbers])
+                    for reason, (count, numbers) in bad.items()}, self.key)
+
+  def no_pairs(self, bad: dict) -> DataError:
+    return DataError(f"{self.key}={self.spec!r}: no usable sentence pairs (skipped: "
+                     f"{', '.join(f'{v[0]} {k}' for k, v in bad.items()) or 'none'}); expected "
+                     f"'source<TAB>target' lines or two line-aligned files")
+
+  @staticmethod
+  def _numbered(lines, first: int = 1):
+    return ((number, raw, None) for number, raw in enumerate(lines, first))
+
+  @staticmethod
+  def _usable(lines, bad: dict):
+    """(number, source, target) of the usable lines of (number, raw line, raw target line or None);
+    the others are counted in bad (reason -> [count, the first few numbers])."""
     def reject(reason, number):
-      count_places = bad.setdefault(reason, [0, []])
-      count_places[0] += 1
-      if len(count_places[1]) < _SHOW_BAD:
-        count_places[1].append(f"{self.paths[0]}:{number}")
+      count_numbers = bad.setdefault(reason, [0, []])
+      count_numbers[0] += 1
+      if len(count_numbers[1]) < _SHOW_BAD:
+        count_numbers[1].append(number)
 
-    if len(self.paths) == 2:
-      lines = self._aligned()
-    else:
-      lines = ((number, raw, None) for number, raw in enumerate(_open_lines(self.paths[0]), 1))
     for number, raw, raw_tgt in lines:
       try:
         line = raw.decode("utf-8")
@@ -298,34 +338,134 @@ class FileReader:
         if not src or not tgt:
           reject("empty line", number)
           continue
+      yield number, src, tgt
+
+  def _aligned(self, skip: int = 0, files=None):
+    """(number, source line, target line) of two line-aligned files, read side by side from line
+    skip + 1 (of `files`, two iterators of raw lines, where given)."""
+    src_path, tgt_path = self.paths
+    src_lines, tgt_lines = files or (_open_lines(src_path), _open_lines(tgt_path))
+    number = skip
+    for number, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), skip + 1):
+      if s is None or t is None:
+        raise self._misaligned(number - 1 + (s is not None) + sum(1 for _ in src_lines),
+                               number - 1 + (t is not None) + sum(1 for _ in tgt_lines))
+      yield number, s, t
+
+  def _misaligned(self, src_count: int, tgt_count: int) -> DataError:
+    src_path, tgt_path = self.paths
+    return DataError(f"{self.key}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
+                     f"the two files must be line-aligned")
+
+  # Shards (data/shards.py): one uncompressed file is cut by bytes, so that a shard is read from a seek;
+  # gzipped or two line-aligned files by lines, read forward (a cursor skips to a later shard).
+  def parts(self, unit_bytes: int, unit_lines: int) -> "Parts":
+    """The plan of shards: the lines that start in each `unit_bytes` of one uncompressed file, else
+    every `unit_lines` lines (how many, only reading to the end tells)."""
+    if len(self.paths) == 1 and not str(self.paths[0]).endswith(".gz"):
+      return Parts(self, "bytes", unit_bytes, max(1, -(-os.path.getsize(self.paths[0]) // unit_bytes)))
+    return Parts(self, "lines", unit_lines, None)
+
+  def read_part(self, parts: "Parts", k: int, size: int = 20_000):
+    """Yields (pairs, line numbers within shard k, from 1) `size` pairs at a time; returns (the lines
+    the shard spans, bad: reason -> [count, the first few numbers within the shard], the file ends in
+    it). A two-file split that is not line-aligned raises DataError."""
+    if parts.kind == "bytes":
+      lines = self._numbered(_lines_between(self.paths[0], k * parts.unit, (k + 1) * parts.unit))
+    else:
+      lines = parts.cursor().lines(k * parts.unit, parts.unit)
+    bad, part, numbers, last = {}, [], [], 0
+
+    def spanned(lines):   # every line read, usable or not, counted as it goes by
+      nonlocal last
+      for number, raw, raw_tgt in lines:
+        last = number - k * parts.unit if parts.kind == "lines" else number
+        yield last, raw, raw_tgt
+    for number, src, tgt in self._usable(spanned(lines), bad):
       part.append((src, tgt))
       numbers.append(number)
       if len(part) == size:
-        kept += len(part)
         yield part, numbers
         part, numbers = [], []
-    kept += len(part)
     if part:
       yield part, numbers
-    if report:
-      report_skipped({k: tuple(v) for k, v in bad.items()}, self.key)
-    if not kept:
-      raise DataError(f"{self.key}={self.spec!r}: no usable sentence pairs (skipped: "
-                      f"{', '.join(f'{v[0]} {k}' for k, v in bad.items()) or 'none'}); expected "
-                      f"'source<TAB>target' lines or two line-aligned files")
+    ends = k == parts.count - 1 if parts.kind == "bytes" else last < parts.unit
+    return last, bad, ends
 
-  def _aligned(self):
-    """(number, source line, target line) of two line-aligned files, read side by side."""
-    src_path, tgt_path = self.paths
-    src_lines, tgt_lines = _open_lines(src_path), _open_lines(tgt_path)
-    number = 0
-    for number, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), 1):
-      if s is None or t is None:
-        src_count = number - 1 + (s is not None) + sum(1 for _ in src_lines)
-        tgt_count = number - 1 + (t is not None) + sum(1 for _ in tgt_lines)
-        raise DataError(f"{self.key}: {src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
-                        f"the two files must be line-aligned")
-      yield number, s, t
+
+class Parts:
+  """How a split is cut into shards: kind ("bytes", "lines" or "records"), unit (per shard) and count
+  (None where only reading to the end tells). The same for every process: it depends on the corpus and
+  the unit, never on how many processes read it."""
+
+  def __init__(self, reader, kind: str, unit: int, count: int | None):
+    self.reader, self.kind, self.unit, self.count, self._cursor = reader, kind, unit, count, None
+
+  @property
+  def name(self) -> str:
+    return f"{self.kind}{self.unit}"
+
+  def cursor(self) -> "_LineCursor":
+    if self._cursor is None:
+      self._cursor = _LineCursor(self.reader)
+    return self._cursor
+
+  def close(self) -> None:
+    if self._cursor is not None:
+      self._cursor.close()
+      self._cursor = None
+
+
+class _LineCursor:
+  """The raw lines of a FileReader's file(s), read forward: a later shard skips the lines between (a
+  gzipped file must be read from its start either way); an earlier one opens the files again."""
+
+  def __init__(self, reader):
+    self.reader, self.files, self.at = reader, [], 0   # at: lines consumed (the same in both files)
+
+  def _open(self) -> None:
+    self.close()
+    self.files = [(gzip.open if str(p).endswith(".gz") else open)(p, "rb") for p in self.reader.paths]
+    self.at = 0
+
+  def close(self) -> None:
+    for file in self.files:
+      file.close()
+    self.files = []
+
+  def lines(self, first: int, count: int):
+    """(number, raw line, raw target line or None) of lines first + 1 .. first + count (fewer at the end)."""
+    if not self.files or first < self.at:
+      self._open()
+    skipped = [sum(1 for _ in itertools.islice(f, first - self.at)) for f in self.files]
+    if len(set(skipped)) > 1:   # one file ended before the other
+      raise self.reader._misaligned(*(self.at + n + sum(1 for _ in f) for n, f in zip(skipped, self.files)))
+    self.at += skipped[0]
+    if self.at < first:
+      return
+    raw = [(line.rstrip(b"\r\n") for line in f) for f in self.files]
+    if len(raw) == 2:
+      numbered = self.reader._aligned(first, raw)
+    else:
+      numbered = self.reader._numbered(raw[0], first + 1)
+    for item in itertools.islice(numbered, count):
+      self.at += 1
+      yield item
+
+
+def _lines_between(path, start: int, stop: int):
+  """The raw lines of an uncompressed file that start at a byte in [start, stop) (without line ends)."""
+  with open(path, "rb") as f:
+    position = 0
+    if start:
+      f.seek(start - 1)
+      position = start - 1 + len(f.readline())   # the rest of the line that starts before `start`
+    while position < stop:
+      raw = f.readline()
+      if not raw:
+        return
+      position += len(raw)
+      yield raw.rstrip(b"\r\n")
 
 
 def report_skipped(bad: dict, what: str) -> None:

@@ -31,13 +31,16 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SIDES = ("source", "target")
 
 
-def usable_cpus() -> int:
-  """SentencePiece's threads: the CPUs this process may run on (its affinity, e.g. SLURM's
-  --cpus-per-task), not the machine's count, which oversubscribes a task given a few of its cores."""
-  try:
-    return len(os.sched_getaffinity(0)) or 1
-  except AttributeError:   # not Linux
-    return os.cpu_count() or 1
+# SentencePiece's trainer writes its thread count into the model, and a unigram model's pieces depend on
+# it: training on a fixed count (SentencePiece's own default) gives the same vocabulary, byte for byte,
+# on every machine and for every CPU allowance. Encoding gives the same ids on any number of threads.
+TRAIN_THREADS = 16
+
+
+def threads() -> int:
+  """SentencePiece's encoding threads: the CPUs this process may use (a SLURM task's, a tokenizing
+  worker's one), not the machine's count."""
+  return len(os.sched_getaffinity(0))
 
 
 class Vocab:
@@ -80,7 +83,7 @@ class Vocab:
     return self._sp.encode(text)
 
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
-    return self._sp.encode(texts, num_threads=usable_cpus())
+    return self._sp.encode(texts, num_threads=threads())
 
   def decode(self, ids) -> str:
     """Ids -> text; stops at the first eos and drops pad and bos."""
@@ -141,7 +144,7 @@ class PairVocab:
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
     if side not in SIDES:
       raise ValueError(f"side={side!r}: use one of {SIDES}")
-    cut = self._sp[side].encode(list(texts), out_type=str, num_threads=usable_cpus())
+    cut = self._sp[side].encode(list(texts), out_type=str, num_threads=threads())
     return [[self._ids.get(piece, UNK) for piece in pieces] for pieces in cut]
 
   def decode(self, ids) -> str:
@@ -189,7 +192,7 @@ def train_vocab(texts: list[str], vocab_size: int, *, seed: int, sample_sentence
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sample), model_writer=writer, vocab_size=vocab_size, model_type=model_type,
       character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
-      input_sentence_size=0, shuffle_input_sentence=False, num_threads=usable_cpus(),
+      input_sentence_size=0, shuffle_input_sentence=False, num_threads=TRAIN_THREADS,
       minloglevel=2, **({"user_defined_symbols": list(reserved)} if reserved else {}))
   return writer.getvalue()
 

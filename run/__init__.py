@@ -113,12 +113,13 @@ def load_run(workdir, checkpoint: int | str | None = None, *, check=None) -> Run
   return Run(config=config, model=model, params=params, vocab=vocab, step=step)
 
 
-def get_vocab(data_config, workdir) -> Vocab | PairVocab:
+def get_vocab(data_config, workdir, write: bool = True) -> Vocab | PairVocab:
   """workdir/vocab.model if it exists; else a copy of config.data.vocab_file where that is set (a
   pretrained run's vocab.model, for fine-tuning: experiments/finetune.py); else trained on a bounded
   sample of the training split (or taken from the data cache, where a run with the same corpus and
   vocabulary settings left it) and written atomically, with workdir/vocab.json recording the sample it
-  was trained on."""
+  was trained on. write=False: the same vocabulary, the run directory left to the process that writes it
+  (process 0 of a multi-process job)."""
   path = pathlib.Path(workdir) / VOCAB_FILE
   if path.exists():
     return load_vocab(workdir)
@@ -126,9 +127,13 @@ def get_vocab(data_config, workdir) -> Vocab | PairVocab:
     source = pathlib.Path(data_config.vocab_file)
     if not source.is_file():
       raise UserError(f"config.data.vocab_file={str(source)!r} does not exist: name a run's vocab.model")
+    if not write:
+      return open_vocab(source.read_bytes(), source)
     write_atomically(path, source.read_bytes())
     return load_vocab(workdir)
   model, info = data_cache.train_vocab_cached(data_config)   # a bounded sample, never the whole corpus
+  if not write:
+    return open_vocab(model, path)
   write_atomically(path.with_name(VOCAB_INFO), json.dumps(info, indent=1) + "\n")   # sample size etc.
   write_atomically(path, model)
   return open_vocab(model, path)

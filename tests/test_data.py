@@ -87,16 +87,20 @@ def test_tfds_source_reads_a_locally_prepared_dataset_in_either_direction(data_c
   assert load_pairs(config, "dev") == [(t, s) for s, t in en_de]
 
 
-def test_tfds_source_is_tokenized_once_into_the_cache_in_record_order(data_config, vocab):
-  """WMT's path: a TFDS split read in chunks into the on-disk cache, pair i being record i."""
+def test_tfds_source_is_tokenized_once_into_the_cache_in_record_order(data_config, vocab, monkeypatch):
+  """WMT's path: a TFDS split read in shards of records (data/shards.py, here 3, by two worker
+  processes) into the on-disk cache, pair i being record i."""
+  from data import shards
+  monkeypatch.setattr(shards, "SHARD_RECORDS", 250)
+  monkeypatch.setenv("AIAYN_TOKENIZE_WORKERS", "2")
   config = data_config.copy_and_resolve_references()
   config.update(source="tfds", tfds_name=f"aiayn_synthetic/seed0_train{TRAIN_SIZE}")
   pairs, texts = tokenized(config, vocab, "train"), load_pairs(config, "train")
   assert len(pairs) == len(texts) == TRAIN_SIZE
-  for i in (0, 17, TRAIN_SIZE - 1):
+  for i in range(TRAIN_SIZE):
     np.testing.assert_array_equal(pairs.src[i], vocab.encode(texts[i][0]))
     np.testing.assert_array_equal(pairs.tgt[i], vocab.encode(texts[i][1]))
-  assert pairs.origin(17) == f"{config.tfds_name}:train[17]"
+    assert pairs.origin(i) == f"{config.tfds_name}:train[{i}]"
   assert next(make_train_iterator(config, vocab, seed=0, row_multiple=8))["src"].shape[0] % 8 == 0
 
 

@@ -189,8 +189,8 @@ def test_every_job_asks_for_cpus_and_threads_follow_the_cpus_a_process_may_use(t
   assert asked() == devices.CPUS_WITHOUT_GPU and asked("--cpus_per_task", "6") == 6
   with pytest.raises(ValueError, match="--cpus_per_task must be >= 1, got 0"):
     slurm.options_from(parser.parse_args(["--cpus_per_task", "0"]))
-  # A task given one core (SLURM binds it, as taskset does here) sizes SentencePiece's threads to that core.
-  probe = "from data.vocab import usable_cpus; from run.devices import usable_cpus as u; print(usable_cpus(), u())"
+  # A task given one core (SLURM binds it, as taskset does here) sizes SentencePiece's encoding threads to it.
+  probe = "from data.vocab import threads; from run.devices import usable_cpus as u; print(threads(), u())"
   done = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
   assert done.stdout.split() == ["1", "1"], done.stdout + done.stderr

@@ -217,12 +217,12 @@ def _load_data(config, workdir, derived_before: int, num_devices: int, accum: in
   """Vocabulary, the training iterator and the dev batches; batches are padded with empty rows to a
   multiple of devices * accumulation (which pairs form a batch does not depend on it)."""
   primary = multihost.is_primary()
-  if primary:   # process 0 makes the vocabulary and the tokenized corpus once; the others then read them
-    vocab = get_vocab(config.data, workdir)
-    tokenized(config.data, vocab, "train")   # the on-disk cache (data/cache.py); other hosts wait on its lock
+  # Every process: the vocabulary (trained once, by whichever process takes its lock first) and its share
+  # of the tokenized corpus (data/cache.py). They wait for each other on the file system, saying for what,
+  # so the barrier below waits only for the last to open the cache; process 0 alone writes the run directory.
+  vocab = get_vocab(config.data, workdir, write=primary)
+  tokenized(config.data, vocab, "train", progress=primary)
   multihost.barrier("corpus and vocabulary")
-  if not primary:
-    vocab = get_vocab(config.data, workdir)
   _resolve_max_len(config, vocab, derived_before)
   processes = dict(process_index=jax.process_index(), process_count=jax.process_count())
   train_iter = make_train_iterator(config.data, vocab, seed=config.seed, row_multiple=num_devices * accum,
