@@ -9,6 +9,9 @@ Commands (data prepared as in REPRODUCING.md; DIR = the TFDS data directory):
 test BLEU of both it and the final parameters: config.train.average_last.)
 Smoke (seconds, offline, on the embedded corpus with a tiny model):
   python -m train --config experiments/wmt14_ende.py:base_smoke --workdir /tmp/ende_smoke
+and on WMT14 as prepared in DIR (a check of the data and of the whole chain; REPRODUCING.md):
+  python -m train --config experiments/wmt14_ende.py:smoke --workdir /tmp/ende_smoke_wmt \\
+      --config.data.tfds_data_dir=DIR
 Args: ARGS below. 'smoke' is 'base_smoke'; '<size>_smoke' keeps that size's training settings (dropout,
 checkpoints kept) but swaps in default.py's smoke model, corpus and step counts.
 
@@ -102,16 +105,21 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
   return config
 
 
-def shrink_to_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Swaps in default.py's smoke model, corpus and step counts (offline, seconds); keeps the rest."""
+def shrink_to_smoke(config: ml_collections.ConfigDict, prepared_wmt: bool = False) -> ml_collections.ConfigDict:
+  """Swaps in default.py's smoke model, corpus and step counts (offline, seconds); keeps the rest.
+  prepared_wmt: the corpus is config.data.tfds_name where --config.data.tfds_data_dir is given (data/sources.py's
+  "tfds_or_synthetic"), the embedded one otherwise."""
   smoke = default.get_config("smoke")
   config.workdir = config.workdir + "_smoke"
   size_keys = ("d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
                "max_len")
   config.model.update(**{k: smoke.model[k] for k in size_keys})
-  source_eos = config.data.source_eos
+  kept = {k: config.data[k] for k in ("source_eos", "tfds_name", "src_lang", "tgt_lang")}
   config.data.update(**smoke.data.to_dict())   # the embedded corpus, a tiny vocabulary and batches
-  config.data.source_eos = source_eos
+  config.data.source_eos = kept["source_eos"]
+  if prepared_wmt:   # --config.data.tfds_data_dir=DIR: the WMT dataset prepared there instead
+    config.data.update(source="tfds_or_synthetic", tfds_name=kept["tfds_name"], src_lang=kept["src_lang"],
+                       tgt_lang=kept["tgt_lang"])
   config.train.update(**{k: smoke.train[k] for k in (
       "num_steps", "warmup_steps", "log_every", "eval_every", "bleu_every", "checkpoint_every_steps")})
   config.train.grad_accum_steps = 1
@@ -126,5 +134,5 @@ def get_config(arg=None):
   config = paper_config(size, tfds_name="wmt14_translate/de-en", src_lang="en", tgt_lang="de",
                         vocab_size=37_000, big_dropout=0.3, grad_accum_steps=1)
   if arg.endswith("smoke"):
-    config = shrink_to_smoke(config)
+    config = shrink_to_smoke(config, prepared_wmt=True)
   return config
