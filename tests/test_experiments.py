@@ -121,8 +121,9 @@ def test_the_paper_settings():
             base.model.dropout_rate) == (512, 2048, 8, 6, 0.1)
     assert (big.model.d_model, big.model.d_ff, big.model.num_heads) == (1024, 4096, 16)
     assert (base.train.num_steps, big.train.num_steps) == (100_000, 300_000)
-    assert (base.train.keep_checkpoints, big.train.keep_checkpoints) == (5, 20)
     assert (base.train.average_last, big.train.average_last) == (5, 20)   # the paper's reported models
+    # ... 10 minutes apart at 0.4 s (base) and 1.0 s (big) a step: step checkpoints 1,500 and 600 apart
+    assert (base.train.average_every_steps, big.train.average_every_steps) == (1500, 600)
     assert base.data.source_eos and big.data.source_eos and not base.data.pack
   assert ende["big"].model.dropout_rate == 0.3 and enfr["big"].model.dropout_rate == 0.1
 
