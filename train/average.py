@@ -76,8 +76,8 @@ def choose_steps(workdir, last: int, allow_fewer: bool = False,
   if not steps:
     raise UserError(f"no {what} in {path}: {WRITTEN_BY_TRAIN}")
   if len(steps) < last and not allow_fewer:
-    raise UserError(f"averaging the last {last} checkpoints, but {path} holds {len(steps)} {what}: steps "
-                    f"{steps}; {allow_how}, or train longer")
+    raise UserError(f"averaging the last {last} checkpoints, but {path} holds only {len(steps)} {what}: "
+                    f"steps {steps}; {allow_how}, or train longer")
   chosen = steps[-last:]
   if len(chosen) < last:
     log.info(f"[average] only {len(chosen)} checkpoints in {path}; averaging {chosen} (allowed)")

@@ -326,7 +326,8 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   to_average = _StepCheckpoints.open(workdir, tc, start_step)
 
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
-  # SIGTERM/SIGINT; never a state that went non-finite.
+  # SIGTERM/SIGINT; never a state that went non-finite. Apart from them, with average_every_steps, the
+  # step checkpoints that are averaged (_StepCheckpoints).
   check_finite = lambda step: _check_finite(state, step, manager, workdir)
 
   def save(step):   # (clock: assigned before the loop calls it)
@@ -402,7 +403,9 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
           _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
 
       if to_average is not None and (num_steps - step) % to_average.every == 0:
-        to_average.save(step, state.params, data.vocab.fingerprint)
+        check_finite(step)
+        with clock.part("checkpoint"):
+          to_average.save(step, state.params, data.vocab.fingerprint)
       minutes = (time.time() - last_save_time) / 60
       if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"]
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
