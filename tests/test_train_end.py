@@ -98,6 +98,29 @@ def test_averaging_more_step_checkpoints_than_exist_is_refused_naming_them(avera
   assert average.average_checkpoints(copy_dir, 3, allow_fewer=True)[1] == [2, 4]
 
 
+def test_a_resumed_run_keeps_only_the_step_checkpoints_of_its_spacing_before_its_step(tmp_path):
+  """Past the resumed step: written again from the resumed state; off the spacing counted back from
+  num_steps (num_steps changed): dropped, so that no average mixes two spacings."""
+  from train.train import _StepCheckpoints
+  params = {"w": np.ones(3, np.float32)}
+
+  def reopen(num_steps, start_step):
+    manager = ckpt.make_manager(tmp_path, directory=ckpt.TO_AVERAGE, async_save=False)
+    for step in (2, 4, 6):
+      if step not in manager.all_steps():
+        ckpt.save(manager, step, params, None, {"step": step})
+    manager.close()
+    tc = smoke_config(**{"train.num_steps": num_steps, "train.average_every_steps": 2,
+                         "train.average_last": 3}).train
+    opened = _StepCheckpoints.open(tmp_path, tc, start_step)
+    opened.close()
+    return _steps(tmp_path, ckpt.TO_AVERAGE)
+
+  assert reopen(num_steps=8, start_step=5) == [2, 4]    # 6 is past the resumed step 5
+  assert reopen(num_steps=9, start_step=6) == []        # 9, 7, 5, ... is the spacing now: 2, 4, 6 are off it
+  assert reopen(num_steps=10, start_step=6) == [2, 4, 6]
+
+
 def test_a_run_that_cannot_write_enough_step_checkpoints_is_refused_before_training(tmp_path):
   config = smoke_config(**{"train.num_steps": 7, "train.average_every_steps": 2, "train.average_last": 5})
   with pytest.raises(ValueError, match=r"average_last=5 checkpoints 2 steps apart need more than 8 steps; "

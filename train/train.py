@@ -449,14 +449,19 @@ class _StepCheckpoints:
 
   @classmethod
   def open(cls, workdir, tc, start_step: int):
-    """None without average_every_steps. A resumed run drops the step checkpoints past its step (it will
-    write them again, from the state it resumed)."""
-    every = int(tc.get("average_every_steps", 0))
+    """None without average_every_steps. A resumed run drops the step checkpoints past its step (it writes
+    them again, from the state it resumed), and those off its spacing (num_steps or average_every_steps
+    changed since they were written), so that an average never mixes two spacings."""
+    every, num_steps = int(tc.get("average_every_steps", 0)), int(tc.num_steps)
     if not every:
       return None
     manager = ckpt.make_manager(workdir, keep=int(tc.get("average_last", 0)) or None, directory=ckpt.TO_AVERAGE)
-    for step in [s for s in manager.all_steps() if s > start_step]:
+    off = sorted(s for s in manager.all_steps() if s <= start_step and (num_steps - s) % every)
+    for step in [s for s in manager.all_steps() if s > start_step] + off:
       manager.delete(step)
+    if off:
+      _say(f"[train] dropped step checkpoints {off} of {workdir / ckpt.TO_AVERAGE}: not {every} steps apart "
+           f"counting back from config.train.num_steps={num_steps} (changed since they were written)")
     return cls(manager, every)
 
   def save(self, step: int, params, vocab_fingerprint) -> None:
