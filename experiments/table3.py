@@ -287,8 +287,8 @@ def get_config(arg=None):
     config.workdir = "runs/table3_smoke"
     # Enough steps for the loss to move, a dev BLEU at step 4, a 32-sentence dev set: ~20 s a trial.
     config.train.update(num_steps=8, warmup_steps=4, learning_rate=2.0, log_every=2, eval_every=4,
-                        bleu_every=4, checkpoint_every_steps=4, average_every_steps=4, dev_sentences=32,
-                        test_bleu=False, tensorboard=False)
+                        bleu_every=4, checkpoint_every_steps=4, dev_sentences=32, test_bleu=False,
+                        tensorboard=False)
   return config
 
 

@@ -67,7 +67,8 @@ def test_prepare_again_leaves_the_dataset_and_a_missing_archive_is_named(prepare
 
 
 def test_an_unprepared_dataset_names_the_prepare_command(tmp_path):
-  with pytest.raises(sources.DataError, match=f"not prepared in .*python -m data.prepare {NAME} --data_dir DIR"):
+  command = f"python -m data.prepare {NAME} --data_dir DIR"
+  with pytest.raises(sources.DataError, match=f"not prepared in .*{command}"):
     sources.load_pairs(_data_config(tmp_path), "dev")
 
 

@@ -88,7 +88,8 @@ def test_averaging_more_step_checkpoints_than_exist_is_refused_naming_them(avera
     average.main(["--workdir", str(workdir), "--last", "3"])
   err = capsys.readouterr().err.strip()
   assert exit_info.value.code == 2 and len(err.splitlines()) == 1
-  assert "last 3" in err and "holds only 2 step checkpoints" in err and "steps [2, 4]" in err and "--allow_fewer" in err
+  assert "last 3" in err and "holds only 2 step checkpoints" in err and "steps [2, 4]" in err
+  assert "--allow_fewer" in err
   # The end of training refuses alike, naming the config key that allows it.
   with pytest.raises(UserError, match=r"steps \[2, 4\].*config.train.average_allow_fewer=True"):
     average.average_and_test(workdir, 3, None, metrics_io.NoMetrics(), 4)
