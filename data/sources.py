@@ -4,8 +4,11 @@
     for pairs, numbers in open_split(config.data, "train").chunks(): ...   # a chunk at a time
 
 config.data.source selects: "synthetic" (generated, prepared once as a TFDS dataset), "tfds" (e.g.
-"wmt14_translate/de-en", prepared beforehand with tensorflow-datasets) or "files" (TSV, or two line-aligned
-files joined by a comma, optionally gzipped). src_lang/tgt_lang pick the direction for both TFDS sources.
+"wmt14_translate/de-en", prepared beforehand by `python -m data.prepare NAME --data_dir DIR`), "files" (TSV,
+or two line-aligned files joined by a comma, optionally gzipped) or "tfds_or_synthetic" ("tfds" where
+config.data.tfds_data_dir is set, "synthetic" otherwise: the WMT experiments' smoke variants, offline by
+default, a check of prepared WMT data with tfds_data_dir). src_lang/tgt_lang pick the direction for both
+TFDS sources.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import tqdm
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("synthetic", "tfds", "files")
+SOURCES = ("synthetic", "tfds", "files", "tfds_or_synthetic")
 SPLITS = ("train", "dev", "test")
 SYNTHETIC = "synthetic"   # the split name of config.data.synthetic_path's pairs (data/mixing.py)
 DEFAULT_TAG = "<BT>"      # the synthetic sources' tag where config.data.synthetic_tag is not set
@@ -31,6 +34,15 @@ _SHOW_BAD = 5   # how many bad lines a warning names
 
 class DataError(ValueError):
   """Bad data or data settings; the message names the file, line or key and what to do."""
+
+
+def resolved_source(data_config) -> str:
+  """config.data.source, with "tfds_or_synthetic" resolved: "tfds" where config.data.tfds_data_dir is set,
+  "synthetic" otherwise."""
+  source = data_config.source
+  if source == "tfds_or_synthetic":
+    return "tfds" if data_config.get("tfds_data_dir", "") else "synthetic"
+  return source
 
 
 def check_config(data_config) -> None:
@@ -52,7 +64,7 @@ def check_config(data_config) -> None:
       for path in value.split(","):
         if not os.path.exists(path):
           raise DataError(f"config.data.{key}: file {path!r} does not exist")
-  if source == "tfds":
+  if resolved_source(data_config) == "tfds":
     _tfds_builder(data_config)
   _check_synthetic(data_config)
 
@@ -119,7 +131,7 @@ def open_split(data_config, split: str):
     return FileReader(synthetic_path(data_config), "config.data.synthetic_path")
   if data_config.source == "files":
     return FileReader(data_config.get(f"{split}_path"), f"config.data.{split}_path")
-  if data_config.source == "synthetic":
+  if resolved_source(data_config) == "synthetic":
     from data import synthetic_tfds
     builder = synthetic_tfds.builder(data_config.get("synthetic_seed", 0),
                                      data_config.get("synthetic_train_size", 200_000),
@@ -141,16 +153,17 @@ def open_split(data_config, split: str):
 def _tfds_builder(data_config):
   import tensorflow_datasets as tfds
   name, data_dir = data_config.tfds_name, data_config.get("tfds_data_dir", "") or None
+  prepare = (f"On a machine with internet run: python -m data.prepare {name} --data_dir DIR, then set "
+             f"config.data.tfds_data_dir=DIR (REPRODUCING.md)")
   try:
     builder = tfds.builder(name, data_dir=data_dir)
-  except Exception as e:  # DatasetNotFoundError and friends, with tfds's own explanation
-    raise DataError(f"config.data.tfds_name={name!r}: tensorflow-datasets cannot find it ({e})") from e
+  except Exception as e:  # noqa: BLE001 - DatasetNotFoundError (its module is not imported) and friends
+    first = " ".join(str(e).split())[:160]
+    where = data_dir or "~/tensorflow_datasets"
+    raise DataError(f"config.data.tfds_name={name!r} is not prepared in {where} (tensorflow-datasets: "
+                    f"{type(e).__name__}: {first}). {prepare}") from None
   if not builder.is_prepared():
-    raise DataError(
-        f"config.data.tfds_name={name!r} is not prepared in {builder.data_dir}. On a machine with "
-        f"internet run: tfds build {name.split('/')[0]} --config {name.split('/')[-1]} "
-        f"--file_format array_record --data_dir DIR, then set config.data.tfds_data_dir=DIR "
-        f"(see REPRODUCING.md)")
+    raise DataError(f"config.data.tfds_name={name!r} is not prepared in {builder.data_dir}. {prepare}")
   return builder
 
 

@@ -163,7 +163,6 @@ def _main(argv) -> None:
   use_cpu_devices(args.cpu_devices)
   # JAX reads the device count when it starts: import what pulls it in only now.
   import run
-  from decode.bleu import paper_bleu, sacrebleu_score
   from decode.translate import translate
   try:
     args.checkpoint = run.checkpoint_arg(args.checkpoint)
@@ -218,10 +217,7 @@ def _main(argv) -> None:
                    for rank, (hyp, score) in enumerate(hyp_list, 1))
   _write_output(args.output, text)
   if references is not None:
-    score, signature = sacrebleu_score(hyps, references)
-    print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
-    print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}",
-          file=sys.stderr)
+    _print_scores(hyps, references, run_config.data.tgt_lang)
 
 
 def _settings(args, sampling, opened) -> dict:
@@ -350,13 +346,22 @@ def _score(args) -> None:
   """--reference: sacreBLEU and paper-style BLEU of the output (of its best hypotheses, with --nbest)."""
   if not args.reference:
     return
-  from decode.bleu import paper_bleu, sacrebleu_score
+  import run
   lines = job_lib.read_shard(args.output, 0, -1)
   hyps = lines if args.nbest == 1 else [line.split("\t", 3)[3] for line in lines[::args.nbest]]
   references = job_lib.read_shard(args.reference, 0, -1)
+  _print_scores(hyps, references, run.load_run_config(args.workdir).data.tgt_lang)
+
+
+def _print_scores(hyps, references, lang: str) -> None:
+  """Both BLEUs with their signatures: sacreBLEU (report this) and the paper's tokenized, compound-split
+  BLEU (compare this with the paper's tables; decode/bleu.py)."""
+  from decode.bleu import paper_bleu_score, sacrebleu_score
   score, signature = sacrebleu_score(hyps, references)
   print(f"sacreBLEU {score:.2f}  {signature}", file=sys.stderr)
-  print(f"paper-style BLEU (tokenized, compound-split) {paper_bleu(hyps, references):.2f}", file=sys.stderr)
+  score, signature = paper_bleu_score(hyps, references, lang)
+  print(f"paper-style BLEU (Moses-tokenized, compound-split, multi-bleu.perl) {score:.2f}  {signature}",
+        file=sys.stderr)
 
 
 def _continue_prompt(run, args) -> None:

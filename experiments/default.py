@@ -97,6 +97,10 @@ def get_config(arg=None):
       checkpoint_every_minutes=10.0,
       keep_checkpoints=5,
       average_last=0,              # >0: at the end, average the last N checkpoints and score them too
+      average_every_steps=0,       # >0: average step checkpoints this many steps apart, counted back from
+                                   # num_steps (RUN/checkpoints_to_average), never the wall-clock or
+                                   # preemption ones; 0: the newest of RUN/checkpoints
+      average_allow_fewer=False,   # average what exists when fewer than average_last (else refused)
       early_stop_evals=0,          # >0: stop when the dev loss has not improved for this many evals
       init_checkpoint="",          # "RUN_DIR[:STEP|:averaged]": start from its parameters (if no checkpoint)
       reset_optimizer=False,       # resume with a fresh optimizer state (keeps params, step, data position)

@@ -5,17 +5,22 @@ Commands (data prepared as in REPRODUCING.md; DIR = the TFDS data directory):
       --config.data.tfds_data_dir=DIR
   python -m train --config experiments/wmt14_ende.py:big --workdir runs/ende_big \\
       --config.data.tfds_data_dir=DIR --config.train.grad_accum_steps=2
-(The end of training writes the average of the last 5 (big: 20) checkpoints to RUN/averaged and prints
-test BLEU of both it and the final parameters: config.train.average_last.)
+(The end of training writes the average of the last 5 (big: 20) step checkpoints, 1,500 (big: 600) steps
+apart as the paper's 10-minute checkpoints were, to RUN/averaged and prints test BLEU of both it and the
+final parameters: config.train.average_last, average_every_steps.)
 Smoke (seconds, offline, on the embedded corpus with a tiny model):
   python -m train --config experiments/wmt14_ende.py:base_smoke --workdir /tmp/ende_smoke
+and on WMT14 as prepared in DIR (a check of the data and of the whole chain; REPRODUCING.md):
+  python -m train --config experiments/wmt14_ende.py:smoke --workdir /tmp/ende_smoke_wmt \\
+      --config.data.tfds_data_dir=DIR
 Args: ARGS below. 'smoke' is 'base_smoke'; '<size>_smoke' keeps that size's training settings (dropout,
 checkpoints kept) but swaps in default.py's smoke model, corpus and step counts.
 
 Expected (newstest2014, average of the last 5 / 20 checkpoints, beam 4, alpha 0.6; the averaged line):
   base: paper 27.3 BLEU (tokenized, compounds split) ~ 26-26.5 sacreBLEU; dev (newstest2013) PPL 4.92.
   big:  paper 28.4 BLEU ~ 27-27.5 sacreBLEU; dev PPL 4.33.
-  (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output: decode/bleu.py.)
+  (The paper's BLEU reads 0.7-1.5 points above sacreBLEU's 13a on the same output; python -m decode
+  prints both, the paper's computed as get_ende_bleu.sh does: decode/bleu.py.)
 Cost (paper: 8 P100s; base 100K steps in 12 h, big 300K steps in 3.5 days). Model FLOPs, 6 * params *
   tokens with ~25k source + 25k target tokens per step: base ~9.5e12 / step, ~9.5e17 in all; big ~3.2e13 /
   step, ~9.6e18 in all. Projected from one H200's measured step (commit 74f30f5: 26.5% MFU for base,
@@ -91,11 +96,15 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
       grad_accum_steps=grad_accum_steps,
       loss_chunk_tokens=8192,              # per device: larger matmuls for a GPU's output layer
       log_every=100, eval_every=2000, bleu_every=10_000,
-      checkpoint_every_steps=0,            # the paper: by time, every 10 minutes
+      checkpoint_every_steps=0,            # against preemption: by time, every 10 minutes, the last 2
       checkpoint_every_minutes=10.0,
-      keep_checkpoints=5 if size == "base" else 20,
-      average_last=5 if size == "base" else 20,       # the paper's reported models: the last 5 / 20
-                                                      # checkpoints (10 minutes apart) averaged
+      keep_checkpoints=2,
+      # The paper's reported models: the average of the last 5 (big: 20) checkpoints, written every 10
+      # minutes at 0.4 s (big: 1.0 s) a step on its P100s: 1,500 (600) steps apart, the last 7,500 of 100K
+      # (12,000 of 300K) steps. Step checkpoints at that spacing, counted back from the last step, apart
+      # from the wall-clock ones (which never join the average): RUN/checkpoints_to_average.
+      average_last=5 if size == "base" else 20,
+      average_every_steps=1500 if size == "base" else 600,
       dev_sentences=0,                     # all 3000 of newstest2013
       test_bleu=True,
   )
@@ -103,19 +112,26 @@ def paper_config(size: str, *, tfds_name: str, src_lang: str, tgt_lang: str, voc
   return config
 
 
-def shrink_to_smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Swaps in default.py's smoke model, corpus and step counts (offline, seconds); keeps the rest."""
+def shrink_to_smoke(config: ml_collections.ConfigDict, prepared_wmt: bool = False) -> ml_collections.ConfigDict:
+  """Swaps in default.py's smoke model, corpus and step counts (offline, seconds); keeps the rest.
+  prepared_wmt: the corpus is config.data.tfds_name where --config.data.tfds_data_dir is given (data/sources.py's
+  "tfds_or_synthetic"), the embedded one otherwise."""
   smoke = default.get_config("smoke")
   config.workdir = config.workdir + "_smoke"
   size_keys = ("d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
                "max_len")
   config.model.update(**{k: smoke.model[k] for k in size_keys})
-  source_eos = config.data.source_eos
+  kept = {k: config.data[k] for k in ("source_eos", "tfds_name", "src_lang", "tgt_lang")}
   config.data.update(**smoke.data.to_dict())   # the embedded corpus, a tiny vocabulary and batches
-  config.data.source_eos = source_eos
+  config.data.source_eos = kept["source_eos"]
+  if prepared_wmt:   # --config.data.tfds_data_dir=DIR: the WMT dataset prepared there instead
+    config.data.update(source="tfds_or_synthetic", tfds_name=kept["tfds_name"], src_lang=kept["src_lang"],
+                       tgt_lang=kept["tgt_lang"])
   config.train.update(**{k: smoke.train[k] for k in (
       "num_steps", "warmup_steps", "log_every", "eval_every", "bleu_every", "checkpoint_every_steps")})
   config.train.grad_accum_steps = 1
+  # Step checkpoints every step, the last few averaged: the spacing scaled down with the step count.
+  config.train.update(average_every_steps=1, average_last=min(config.train.average_last, smoke.train.num_steps))
   return config
 
 
@@ -127,5 +143,5 @@ def get_config(arg=None):
   config = paper_config(size, tfds_name="wmt14_translate/de-en", src_lang="en", tgt_lang="de",
                         vocab_size=37_000, big_dropout=0.3, grad_accum_steps=1)
   if arg.endswith("smoke"):
-    config = shrink_to_smoke(config)
+    config = shrink_to_smoke(config, prepared_wmt=True)
   return config

@@ -5,7 +5,8 @@ Commands (data prepared as in REPRODUCING.md; DIR = the TFDS data directory):
       --config.data.tfds_data_dir=DIR
   python -m train --config experiments/wmt14_enfr.py:big --workdir runs/enfr_big \\
       --config.data.tfds_data_dir=DIR --config.train.grad_accum_steps=2
-(The end of training averages the last 5 (big: 20) checkpoints and scores both: config.train.average_last.)
+(The end of training averages the last 5 (big: 20) step checkpoints, 1,500 (big: 600) steps apart, and scores
+both: config.train.average_last, average_every_steps; as wmt14_ende.py.)
 Smoke (seconds, offline; the embedded corpus is English->German-like, which is all a smoke run needs):
   python -m train --config experiments/wmt14_enfr.py:smoke --workdir /tmp/enfr_smoke
 Args: ARGS below, as in wmt14_ende.py ('smoke' is 'base_smoke').

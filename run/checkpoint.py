@@ -1,6 +1,9 @@
 """Orbax checkpoints of a run: save, restore with fallback, and `load_params` for decoding.
 
-Layout: workdir/checkpoints/<step>/{params, opt_state, meta} (an Orbax CheckpointManager), and
+Layout: workdir/checkpoints/<step>/{params, opt_state, meta} (an Orbax CheckpointManager: by steps, by wall
+clock, at the end and on preemption; what training resumes from), workdir/checkpoints_to_average/<step>/
+{params, meta} (config.train.average_every_steps > 0: every that many steps, counted back from the last
+step, the set train/average.py averages, meta marked {"to_average": every}), and
 workdir/averaged/<step>/{params, meta} (written by train/average.py).
 - params, opt_state: the arrays, saved asynchronously from their sharded layout.
 - meta (JSON): step, the run's train RNG key (uint32 words), the data iterator state, the vocabulary
@@ -32,6 +35,7 @@ from run.user_errors import UserError
 from run.workdir import DAMAGED, WRITTEN_BY_TRAIN, read_file, run_file
 
 CHECKPOINTS = "checkpoints"
+TO_AVERAGE = "checkpoints_to_average"   # config.train.average_every_steps: the step checkpoints averaged
 AVERAGED = "averaged"
 UNREADABLE = "checkpoints_unreadable"
 
@@ -254,15 +258,16 @@ def _host_abstract(tree_metadata):
                                 tree_metadata)
 
 
-def load_params(workdir, checkpoint=None):
+def load_params(workdir, checkpoint=None, *, directory: str | None = None):
   """Parameters of a run for decoding or fine-tuning: -> (params, step).
 
   checkpoint: None = the run's model: for a run trained with early stopping (config.train.early_stop_evals)
   its checkpoint of the best dev loss, else the newest readable training checkpoint; 'latest' = the
   newest; 'best' = the best dev loss's (early stopping only); an int = that step; 'averaged' = the
-  average written by `python -m train.average`. Arrays land on the first local device.
+  average written by `python -m train.average`. directory: another checkpoint set of the run to read
+  (TO_AVERAGE). Arrays land on the first local device.
   """
-  directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
+  directory = directory or (AVERAGED if checkpoint == "averaged" else CHECKPOINTS)
   path = run_file(pathlib.Path(workdir).absolute(), directory)
   hint = ("run `python -m train.average --workdir RUN --last K` first" if directory == AVERAGED
           else WRITTEN_BY_TRAIN + ", and let it save a checkpoint")
@@ -278,7 +283,7 @@ def load_params(workdir, checkpoint=None):
     raise UserError(f"cannot read the checkpoints in {path} ({error.strerror}): check its "
                     f"permissions") from None
   try:
-    if checkpoint in (None, "best") and steps:
+    if checkpoint in (None, "best") and steps and directory == CHECKPOINTS:
       best = best_step(workdir, steps)
       if best is None and checkpoint == "best":
         raise UserError(f"{path} has no best checkpoint by dev loss: the run was trained without early "
@@ -330,10 +335,11 @@ def best_step(workdir, steps=None) -> int | None:
   return None
 
 
-def read_meta(workdir, step: int, checkpoint=None) -> dict:
-  """The JSON meta saved with a checkpoint ({} if it has none); checkpoint='averaged' reads the average's.
-  A meta that is not a JSON object (edited or damaged) is a UserError naming it."""
-  directory = AVERAGED if checkpoint == "averaged" else CHECKPOINTS
+def read_meta(workdir, step: int, checkpoint=None, *, directory: str | None = None) -> dict:
+  """The JSON meta saved with a checkpoint ({} if it has none); checkpoint='averaged' reads the average's,
+  directory another set's (TO_AVERAGE). A meta that is not a JSON object (edited or damaged) is a UserError
+  naming it."""
+  directory = directory or (AVERAGED if checkpoint == "averaged" else CHECKPOINTS)
   path = pathlib.Path(workdir) / directory / str(step) / "meta" / "metadata"
   if not path.exists():
     return {}

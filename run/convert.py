@@ -24,7 +24,7 @@ from run.config import CONFIG_FILE, load_run_config, read_config_json, save_conf
 from run.console import log_to_console
 
 log = logging.getLogger("run.convert")   # not __name__: that is "__main__" under python -m run.convert
-_NOT_COPIED = (ckpt.CHECKPOINTS, ckpt.AVERAGED, ckpt.UNREADABLE, "LOCK", CONFIG_FILE)
+_NOT_COPIED = (ckpt.CHECKPOINTS, ckpt.TO_AVERAGE, ckpt.AVERAGED, ckpt.UNREADABLE, "LOCK", CONFIG_FILE)
 
 
 def convert_tree(tree, scan_layers: bool):
@@ -66,7 +66,7 @@ def convert_run(workdir, out, scan_layers: bool) -> list[str]:
   for entry in workdir.iterdir():
     if entry.name not in _NOT_COPIED:
       (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, out / entry.name)
-  for directory in (ckpt.CHECKPOINTS, ckpt.AVERAGED):
+  for directory in (ckpt.CHECKPOINTS, ckpt.TO_AVERAGE, ckpt.AVERAGED):
     if not (workdir / directory).is_dir():
       continue
     reader = ckpt.make_manager(workdir, directory=directory, read_only=True)

@@ -105,8 +105,9 @@ def test_tfds_source_is_tokenized_once_into_the_cache_in_record_order(data_confi
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(tfds_name="no_such_dataset/xx"), "cannot find"),
-    (dict(tfds_name="aiayn_synthetic/seed0_train200000"), "not prepared"),
+    (dict(tfds_name="no_such_dataset/xx"), "not prepared in .*DatasetNotFoundError.*run: python -m data.prepare "
+                                           "no_such_dataset/xx --data_dir DIR"),
+    (dict(tfds_name="aiayn_synthetic/seed0_train200000"), "not prepared.*python -m data.prepare"),
     (dict(src_lang="fr"), "src_lang='fr'"),
     (dict(source="web"), "config.data.source='web'"),
 ])

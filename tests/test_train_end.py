@@ -36,12 +36,14 @@ def smoke_config(**overrides):
 
 @pytest.fixture(scope="module")
 def averaged_run(tmp_path_factory):
-  """(workdir, config, outcome, the log records at WARNING and above) of one 4-step smoke run that keeps its
-  last 3 checkpoints, averages them, logs every step and scores the test BLEU of both: the run every test
+  """(workdir, config, outcome, the log records at WARNING and above) of one 4-step smoke run that
+  checkpoints every step (keeping 3: steps 2, 3, 4), writes step checkpoints for averaging every 2 steps
+  (steps 2 and 4), averages those, logs every step and scores the test BLEU of both: the run every test
   below that only reads a finished run shares."""
   workdir = tmp_path_factory.mktemp("averaged")
   config = smoke_config(**{"train.num_steps": 4, "train.checkpoint_every_steps": 1, "train.log_every": 1,
-                           "train.keep_checkpoints": 3, "train.average_last": 3, "data.pack": False})
+                           "train.keep_checkpoints": 3, "train.average_last": 2,
+                           "train.average_every_steps": 2, "data.pack": False})
   records = []
   handler = logging.Handler(logging.WARNING)
   handler.emit = records.append
@@ -57,14 +59,75 @@ def test_average_last_writes_the_average_and_scores_both(averaged_run):
   workdir, _, outcome, records = averaged_run
   # Reading the average back (read-only, for its test BLEU) is not worth a library warning.
   assert not [r.getMessage() for r in records if "read only" in r.getMessage() or "read_only" in r.getMessage()]
-  assert outcome.averaged_steps == [2, 3, 4]
+  # Exactly the step checkpoints 2 apart, never step 3 of the other set (standing for a wall-clock or
+  # preemption save), which is there too.
+  assert outcome.averaged_steps == [2, 4]
+  assert _steps(workdir, ckpt.CHECKPOINTS) == [2, 3, 4] and _steps(workdir, ckpt.TO_AVERAGE) == [2, 4]
+  assert ckpt.read_meta(workdir, 4, directory=ckpt.TO_AVERAGE)["to_average"] == 2   # marked
   assert outcome.test_bleu is not None and outcome.test_bleu_averaged is not None
   averaged, step = ckpt.load_params(workdir, "averaged")
-  expected = average_params([ckpt.load_params(workdir, s)[0] for s in (2, 3, 4)])
+  expected = average_params([ckpt.load_params(workdir, s, directory=ckpt.TO_AVERAGE)[0] for s in (2, 4)])
+  for a, b in zip(jax.tree_util.tree_leaves(ckpt.load_params(workdir, 4)[0]),
+                  jax.tree_util.tree_leaves(ckpt.load_params(workdir, 4, directory=ckpt.TO_AVERAGE)[0])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # the same step's parameters in both sets
   for a, b in zip(jax.tree_util.tree_leaves(averaged), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
   test_lines = [line for line in metrics_io.read_metrics(workdir) if "test/bleu_averaged" in line]
   assert len(test_lines) == 1 and test_lines[0]["step"] == 4
+
+
+def _steps(workdir, directory):
+  return sorted(int(p.name) for p in (workdir / directory).iterdir() if p.name.isdigit())
+
+
+def test_averaging_more_step_checkpoints_than_exist_is_refused_naming_them(averaged_run, capsys):
+  from run.user_errors import UserError
+  from train import average
+  workdir = averaged_run[0]
+  with pytest.raises(SystemExit) as exit_info:
+    average.main(["--workdir", str(workdir), "--last", "3"])
+  err = capsys.readouterr().err.strip()
+  assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+  assert "last 3" in err and "holds only 2 step checkpoints" in err and "steps [2, 4]" in err
+  assert "--allow_fewer" in err
+  # The end of training refuses alike, naming the config key that allows it.
+  with pytest.raises(UserError, match=r"steps \[2, 4\].*config.train.average_allow_fewer=True"):
+    average.average_and_test(workdir, 3, None, metrics_io.NoMetrics(), 4)
+  # Asked for: the two there are (a copy of the run: the shared one's average stays as it was).
+  copy_dir = workdir.parent / "allow_fewer"
+  shutil.copytree(workdir, copy_dir)
+  assert average.average_checkpoints(copy_dir, 3, allow_fewer=True)[1] == [2, 4]
+
+
+def test_a_resumed_run_keeps_only_the_step_checkpoints_of_its_spacing_before_its_step(tmp_path):
+  """Past the resumed step: written again from the resumed state; off the spacing counted back from
+  num_steps (num_steps changed): dropped, so that no average mixes two spacings."""
+  from train.train import _StepCheckpoints
+  params = {"w": np.ones(3, np.float32)}
+
+  def reopen(num_steps, start_step):
+    manager = ckpt.make_manager(tmp_path, directory=ckpt.TO_AVERAGE, async_save=False)
+    for step in (2, 4, 6):
+      if step not in manager.all_steps():
+        ckpt.save(manager, step, params, None, {"step": step})
+    manager.close()
+    tc = smoke_config(**{"train.num_steps": num_steps, "train.average_every_steps": 2,
+                         "train.average_last": 3}).train
+    opened = _StepCheckpoints.open(tmp_path, tc, start_step)
+    opened.close()
+    return _steps(tmp_path, ckpt.TO_AVERAGE)
+
+  assert reopen(num_steps=8, start_step=5) == [2, 4]    # 6 is past the resumed step 5
+  assert reopen(num_steps=9, start_step=6) == []        # 9, 7, 5, ... is the spacing now: 2, 4, 6 are off it
+  assert reopen(num_steps=10, start_step=6) == [2, 4, 6]
+
+
+def test_a_run_that_cannot_write_enough_step_checkpoints_is_refused_before_training(tmp_path):
+  config = smoke_config(**{"train.num_steps": 7, "train.average_every_steps": 2, "train.average_last": 5})
+  with pytest.raises(ValueError, match=r"average_last=5 checkpoints 2 steps apart need more than 8 steps; "
+                                       r"config.train.num_steps=7 writes 4"):
+    train_and_evaluate(config, tmp_path)
+  assert not (tmp_path / ckpt.CHECKPOINTS).exists() or not _steps(tmp_path, ckpt.CHECKPOINTS)
 
 
 def test_average_last_needs_that_many_checkpoints_kept(tmp_path):

@@ -201,6 +201,7 @@ def test_decode_command_writes_one_line_per_input_and_scores(run, corpus, tmp_pa
   assert lines[:2] + lines[3:] == expected
   err = capsys.readouterr().err
   assert "sacreBLEU" in err and "nrefs:1|case:mixed" in err and "paper-style BLEU" in err
+  assert "tok:moses-de+compound-split|sacremoses:" in err   # the paper-style score names its tokenizer
 
   decode_main(["--workdir", str(run), "--checkpoint", "5", "--input", str(src), "--output", str(out),
                "--beam_size", "3", "--nbest", "2", "--max_extra_len", "5"])

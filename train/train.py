@@ -188,9 +188,18 @@ def train_and_evaluate(config, workdir) -> Outcome:
 def _open_run(config, workdir: pathlib.Path):
   """The checkpoint manager and the config check (config.json is written once restored). -> manager."""
   tc = config.train
-  if int(tc.get("average_last", 0)) > int(tc.keep_checkpoints):
+  last, every = int(tc.get("average_last", 0)), int(tc.get("average_every_steps", 0))
+  if every < 0:
+    raise UserError(f"config.train.average_every_steps={every}: use a number of steps, or 0 to average the "
+                    f"newest of RUN/checkpoints")
+  if not every and last > int(tc.keep_checkpoints):
     raise UserError(f"config.train.average_last={tc.average_last} averages more checkpoints than "
                      f"config.train.keep_checkpoints={tc.keep_checkpoints} keeps; raise keep_checkpoints")
+  written = (int(tc.num_steps) - 1) // every + 1 if every else 0   # steps num_steps, num_steps - every, ...
+  if every and last > written and not tc.get("average_allow_fewer", False):
+    raise UserError(f"config.train.average_last={last} checkpoints {every} steps apart need more than "
+                    f"{(last - 1) * every} steps; config.train.num_steps={tc.num_steps} writes {written}. "
+                    f"Lower average_every_steps or average_last, or set config.train.average_allow_fewer=True")
   # Early stopping keeps the best dev loss's checkpoint beside the last keep_checkpoints (its step is set
   # once the state is restored, and at every new best).
   keep_best = ckpt.KeepSteps() if int(tc.get("early_stop_evals", 0)) else None
@@ -325,9 +334,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     run_dir.write_versions(workdir)
 
   train_step, eval_step = _jit_steps(tc, model, tx, schedule, mesh, state)
+  to_average = _StepCheckpoints.open(workdir, tc, start_step)
 
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
-  # SIGTERM/SIGINT; never a state that went non-finite.
+  # SIGTERM/SIGINT; never a state that went non-finite. Apart from them, with average_every_steps, the
+  # step checkpoints that are averaged (_StepCheckpoints).
   check_finite = lambda step: _check_finite(state, step, manager, workdir)
 
   def save(step):   # (clock: assigned before the loop calls it)
@@ -405,6 +416,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
           if new_best:   # saved below and kept: the run's model unless a later eval beats it
             keep_best.steps = {step}
 
+      if to_average is not None and (num_steps - step) % to_average.every == 0:
+        check_finite(step)
+        with clock.part("checkpoint"):
+          to_average.save(step, state.params, data.vocab.fingerprint)
       minutes = (time.time() - last_save_time) / 60
       if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"] or new_best
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
@@ -416,30 +431,68 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   with clock.part("checkpoint"):
     manager.wait_until_finished()
     manager.close()
+    if to_average is not None:
+      to_average.close()
 
   # The end: a stopped run says how to resume; a finished one reports test BLEU (and again when rerun).
   received = (signals.received or "a signal to another process") if stop else None
   outcome = Outcome(str(workdir), step, interrupted=received, eval=eval_result,
                     stopped_early=early["stopped"] and not stop, time=clock.total,
                     best_step=early.get("best_step"))
-  if not stop:
-    with clock.part("eval"):
-      outcome.eval = eval_result or evaluate(step, with_bleu=False)
-      params = state.params
-      if outcome.best_step is not None and outcome.best_step != step:   # early stopping: the best model
-        params = ckpt.load_params(workdir, outcome.best_step)[0]
-      if outcome.best_step is not None:
-        _say(f"[train] early stopping: the best dev loss, {early['best']:.4f}, was at step {outcome.best_step}; "
-             f"its checkpoint ({workdir / ckpt.CHECKPOINTS / str(outcome.best_step)}) is kept and is the "
-             f"run's model: the test BLEU below, decode and export read it (--checkpoint latest: step {step})")
-      _report_test(config, workdir, model, params, data.vocab, writer, step, outcome)
-  writer.close()
+  try:
+    if not stop:
+      with clock.part("eval"):
+        outcome.eval = eval_result or evaluate(step, with_bleu=False)
+        params = state.params
+        if outcome.best_step is not None and outcome.best_step != step:   # early stopping: the best model
+          params = ckpt.load_params(workdir, outcome.best_step)[0]
+        if outcome.best_step is not None:
+          _say(f"[train] early stopping: the best dev loss, {early['best']:.4f}, was at step {outcome.best_step}; "
+               f"its checkpoint ({workdir / ckpt.CHECKPOINTS / str(outcome.best_step)}) is kept and is the "
+               f"run's model: the test BLEU below, decode and export read it (--checkpoint latest: step {step})")
+        _report_test(config, workdir, model, params, data.vocab, writer, step, outcome)
+  finally:
+    writer.close()
   clock.close_interval()
   _say(clock.summary())
   if stop:
     _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
          f"rerun the same command to resume")
   return outcome
+
+
+class _StepCheckpoints:
+  """config.train.average_every_steps > 0: the parameters at steps num_steps, num_steps - every, ... in
+  RUN/checkpoints_to_average (the last average_last kept; meta marked "to_average"), apart from the
+  checkpoints training resumes from, so that a wall-clock or preemption save never joins an average."""
+
+  def __init__(self, manager, every: int):
+    self.manager, self.every = manager, every
+
+  @classmethod
+  def open(cls, workdir, tc, start_step: int):
+    """None without average_every_steps. A resumed run drops the step checkpoints past its step (it writes
+    them again, from the state it resumed), and those off its spacing (num_steps or average_every_steps
+    changed since they were written), so that an average never mixes two spacings."""
+    every, num_steps = int(tc.get("average_every_steps", 0)), int(tc.num_steps)
+    if not every:
+      return None
+    manager = ckpt.make_manager(workdir, keep=int(tc.get("average_last", 0)) or None, directory=ckpt.TO_AVERAGE)
+    off = sorted(s for s in manager.all_steps() if s <= start_step and (num_steps - s) % every)
+    for step in [s for s in manager.all_steps() if s > start_step] + off:
+      manager.delete(step)
+    if off:
+      _say(f"[train] dropped step checkpoints {off} of {workdir / ckpt.TO_AVERAGE}: not {every} steps apart "
+           f"counting back from config.train.num_steps={num_steps} (changed since they were written)")
+    return cls(manager, every)
+
+  def save(self, step: int, params, vocab_fingerprint) -> None:
+    ckpt.save(self.manager, step, params, None, {"step": step, "to_average": self.every,
+                                                  "vocab_fingerprint": vocab_fingerprint})
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
 
 
 def _jit_steps(tc, model, tx, schedule, mesh, state):
@@ -531,5 +584,5 @@ def _report_test(config, workdir, model, params, vocab, writer, step, outcome: O
     outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
     test = lambda params: bleu_of(params)[0]
   if int(tc.get("average_last", 0)):
-    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(workdir, int(tc.average_last),
-                                                                         test, writer, step)
+    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(
+        workdir, int(tc.average_last), test, writer, step, bool(tc.get("average_allow_fewer", False)))
