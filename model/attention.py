@@ -33,10 +33,9 @@ def visible(cfg, q_segments: jax.Array, kv_segments: jax.Array, q_positions: jax
 def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False, packed: bool = True,
                 cfg=None, q_positions=None, kv_positions=None) -> ops.PackedMask:
   """visible(...) as a PackedMask: the dense mask with the segment ids and causal flag that a fused kernel
-  reads instead (kernels/fused_attention.py). Positions None: 0, 1, 2, ... in every row."""
-  arange = lambda segments: jnp.broadcast_to(jnp.arange(segments.shape[1]), segments.shape)
-  q_positions = arange(q_segments) if q_positions is None else q_positions
-  kv_positions = arange(kv_segments) if kv_positions is None else kv_positions
+  reads instead (kernels/fused_attention.py). Causal without positions: 0, 1, 2, ... in every row."""
+  if causal and q_positions is None:
+    q_positions = kv_positions = jnp.broadcast_to(jnp.arange(q_segments.shape[1]), q_segments.shape)
   dense = visible(cfg, q_segments, kv_segments, q_positions, kv_positions, causal)
   return ops.PackedMask(dense, q_segments, kv_segments, causal, packed)
 
