@@ -20,6 +20,7 @@ import logging
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -53,7 +54,7 @@ class Ops:
   dot_general: Callable | None   # for every matmul (None: lax.dot_general in the compute dtype)
   dropout: type                  # an nn.Dropout-style module class
   # Whether train/ fuses the output layer with the loss (train/chunked_loss.py): every architecture with
-  # a decoder, on every path; the masked LM's head keeps full logits.
+  # a decoder, on every path, for the fields kernels.FAMILY declares; the masked LM's head keeps full logits.
   fused_loss: bool
 
   @property
@@ -108,8 +109,9 @@ def attention_impl(cfg: TransformerConfig) -> str:
   """Compute.attention_impl for the layers of cfg: "xla" where cfg sets a field that the fused kernels do
   not declare (fused_attention.IMPLEMENTS), which is said once."""
   impl = cfg.compute.attention_impl
-  if impl != "xla" and _falls_back(cfg, fused_attention.IMPLEMENTS,
-                                   f"attention_impl={impl!r} (kernels/fused_attention.py)"):
+  loud = impl != "auto" or jax.default_backend() != "cpu"   # (auto on a CPU is xla anyway)
+  if impl != "xla" and _falls_back(cfg, fused_attention.IMPLEMENTS, f"attention_impl={impl!r} "
+                                   "(kernels/fused_attention.py)", logging.WARNING if loud else logging.INFO):
     return "xla"
   return impl
 
@@ -122,7 +124,9 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   else:
     dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
     dropout = nn.Dropout
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=cfg.arch != "encoder_only")
+  fused_loss = cfg.arch != "encoder_only" and not _falls_back(
+      cfg, kernels.FAMILY, "the fused output layer and loss (train/chunked_loss.py)", logging.INFO)
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:
@@ -137,6 +141,6 @@ def decoding_for(cfg: TransformerConfig) -> Decoding:
       or _falls_back(cfg, cpu_backend.DECODING, "kernels='cpu' decoding (kernels/cpu_backend.py)")):
     return plain
   # The family's switches beyond the paper's model decode with the plain cache (INFO: known and tested).
-  caches = not _falls_back(cfg, cpu_backend.CACHES, "kernels='cpu''s decoding caches (kernels/decode_cache.py)",
+  caches = not _falls_back(cfg, cpu_backend.CACHES, "the CPU decoding caches (kernels/decode_cache.py)",
                            logging.INFO)
   return cpu_backend.decoding(cfg, plain, dtype, mixed, caches)

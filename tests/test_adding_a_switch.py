@@ -80,6 +80,8 @@ def test_the_fused_kernels_fall_back_naming_the_field(windowed, caplog, monkeypa
     assert attention_impl(cfg) == "xla"
   assert "attention_impl='cudnn'" in caplog.text and "attention_window=2" in caplog.text
   assert attention_impl(cfg.replace(attention_window=0)) == "cudnn"
+  # The fused output layer and loss (train/step.py) compute the plain logits only: the full ones instead.
+  assert not ops.ops_for(cfg).fused_loss and ops.ops_for(cfg.replace(attention_window=0)).fused_loss
   tokens = _tokens(3, (2, 9))
   params = Transformer(cfg).init(jax.random.key(0), None, tokens)
   xla = Transformer(cfg.with_compute(attention_impl="xla")).apply(params, None, tokens)
