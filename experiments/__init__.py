@@ -3,7 +3,8 @@
 An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
 `sweep(add[, arg])`, see jobs/sweep.py). `load_experiment('experiments/default.py:smoke')` returns the
 locked config, with every model and compute key the file leaves out at its default (run/config.py's
-fill_defaults: a switch added to model/ needs no line in any experiment), so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
+fill_defaults: a switch added to model/ needs no line in any experiment), so an override of a key that
+does not exist (a typo) is an error instead of a silent no-op.
 The trainer's command line (train/__main__.py), the sweep, the benchmarks and the tests all load
 experiments through this module.
 """

@@ -18,10 +18,11 @@ replaces what a decoding step on a CPU runs on:
   extensions       beam search's choice of candidates as one C++ call (kernels/cpu_decoding.py), or
                    without it XLA's ops with a top-k pruned by chunks (kernels/beam_top_k.py)
 
-What it implements is declared (`DECODING`, `CACHES`, in kernels.FAMILY's form); model/ops.py decodes a config with any other field set
-(model.config.unimplemented) on the plain path instead, and says so once. The XLA caches
-attend with the model's mask (model/attention.py's `visible`); the C++ attention reads the positions up
-to the step's index instead, which is what `visible` gives for every config that CACHES takes.
+What it implements is declared (`DECODING`, `CACHES`, in kernels.FAMILY's form); model/ops.py decodes a
+config with any other field set (model.config.unimplemented) on the plain path instead, and says so
+once. The XLA caches attend with the model's mask (model/attention.py's `visible`); the C++ attention
+reads the positions up to the step's index instead, which is what `visible` gives for every config
+that CACHES takes.
 
 The C++ kernels are built the first time `decoding` is asked for them, never by model.init or training.
 """

@@ -13,10 +13,11 @@ model/attention.py by model/ops.py:
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
 segment ids (PackedMask): they read the segment ids and the causal flag, not the dense mask that
 model/attention.py's `visible` builds, so they take only the configs they declare (IMPLEMENTS: every
-field of today's family, in its values; model/ops.py's attention_impl sends any other to xla, naming it). A decoding step attends one query to the cache with the plain
-attention. Where a kernel cannot take what the model asks for (a score bias for splash, attention
-dropout, float32 for cuDNN), that attention uses the plain one and says why once (logging, warning
-level where the kernel was asked for or would run). Splash computes whole blocks of 128 positions: a
+field of today's family, in its values; model/ops.py's attention_impl sends any other to xla, naming
+it). A decoding step attends one query to the cache with the plain attention. Where a kernel cannot
+take what the model asks for (a score bias for splash, attention dropout, float32 for cuDNN), that
+attention uses the plain one and says why once (logging, warning level where the kernel was asked for
+or would run). Splash computes whole blocks of 128 positions: a
 length that is not a multiple is padded up to one where that at most doubles it (SPLASH_PAD_LIMIT), and
 falls back otherwise.
 """

@@ -81,8 +81,8 @@ class Decoder(_Stack):
     x = self.embed(tgt_in, tgt_positions, deterministic)
     self_mask = attention.packed_mask(tgt_segments, tgt_segments, True, self.packed, self.cfg, tgt_positions,
                                       tgt_positions)                  # dense [b, 1, tgt_len, tgt_len]
-    cross_mask = (None if enc_out is None else
-                  attention.packed_mask(tgt_segments, src_segments, False, self.packed, self.cfg))   # [b, 1, tgt, src]
+    cross_mask = (None if enc_out is None else   # [b, 1, tgt_len, src_len]
+                  attention.packed_mask(tgt_segments, src_segments, False, self.packed, self.cfg))
     bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
     x = stack.apply(self.layers, x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)

@@ -220,8 +220,8 @@ def assert_cached_decoding_equals_teacher_forcing(cfg, params, seed):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in ("paper", "mqa_swiglu_rms") else pytest.mark.slow)
-                                  for n in VARIANTS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in ("paper", "mqa_swiglu_rms")
+                                               else pytest.mark.slow) for n in VARIANTS])
 def test_cached_decoding_equals_the_full_forward_pass(arch, name):
   cfg = _cfg(arch=arch, **VARIANTS[name])
   _, params = _init(cfg)

@@ -84,7 +84,8 @@ def test_every_model_switch_is_on_the_command_line_without_an_experiment_declari
   config = _smoke()
   fields = {f.name for f in dataclasses.fields(TransformerConfig)} - set(config_io.NOT_MODEL_KEYS)
   assert fields <= set(config.model) and {f.name for f in dataclasses.fields(Compute)} <= set(config.compute)
-  experiments.apply_overrides(config, ["model.norm=rmsnorm", "model.num_kv_heads=1", "model.relative_buckets=8"])
+  experiments.apply_overrides(config, ["model.norm=rmsnorm", "model.num_kv_heads=1",
+                                       "model.relative_buckets=8"])
   cfg = run.model_config(config, 300)
   assert (cfg.norm, cfg.kv_heads, cfg.relative_buckets) == ("rmsnorm", 1, 8)
   # Set explicitly, a default reads as what the experiment declared (the config.json of older runs).
