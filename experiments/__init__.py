@@ -2,7 +2,10 @@
 
 An experiment file defines `get_config(arg=None) -> ml_collections.ConfigDict` (and may define a
 `sweep(add[, arg])`, see jobs/sweep.py, and a `for_platform(config, platform)`, see load_experiment).
-`load_experiment('experiments/default.py:smoke')` returns the locked config, so an override of a key that does not exist (a typo) is an error instead of a silent no-op.
+`load_experiment('experiments/default.py:smoke')` returns the locked config, with every model and
+compute key the file leaves out at its default (run/config.py's fill_defaults: a switch added to model/
+needs no line in any experiment), so an override of a key that does not exist (a typo) is an error
+instead of a silent no-op.
 The trainer's command line (train/__main__.py), the sweep, the benchmarks and the tests all load
 experiments through this module.
 """
@@ -14,6 +17,8 @@ import importlib.util
 import pathlib
 
 import ml_collections
+
+from run import config as run_config
 
 
 def load_module(path):
@@ -40,7 +45,7 @@ def load_experiment(spec: str, platform: str | None = None) -> ml_collections.Co
   module = load_module(path)
   if not hasattr(module, "get_config"):
     raise AttributeError(f"{path} has no get_config(arg) function")
-  config = module.get_config(arg or None)
+  config = run_config.fill_defaults(module.get_config(arg or None))
   if platform is not None and hasattr(module, "for_platform"):
     module.for_platform(config, platform)
   config.lock()

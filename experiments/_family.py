@@ -1,10 +1,11 @@
 """The family's settings on the default experiment, shared by lm.py, variants.py, decoder_only_mt.py and
 mlm.py (not an experiment: it has no get_config).
 
-`family_config` declares every switch of model.config.TransformerConfig that experiments/default.py
-leaves out (arch, positions, num_kv_heads, activation, norm) and config.data.task, so that each can be
-overridden on the command line; default.py itself declares none of them, so that the config.json of the
-runs made before they existed still matches it (a changed model.* or data.* key refuses to resume).
+`family_config` sets the switches of model.config.TransformerConfig (arch, positions, num_kv_heads,
+activation, norm) and config.data.task to what a caller asks. Neither it nor experiments/default.py need
+declare a switch for the command line to set it: experiments.load_experiment fills every model key an
+experiment leaves out with its default (run/config.py's fill_defaults), and a resume reads a config.json
+written before a key existed with that default (run/config.py's with_defaults).
 """
 import ml_collections
 

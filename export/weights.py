@@ -13,10 +13,22 @@ from __future__ import annotations
 import numpy as np
 import sentencepiece as spm
 
-from model.config import TransformerConfig
+from model.config import ANY, TransformerConfig, unimplemented
 from model.embedding import sinusoid
 
 FORMATS = ("hf", "ctranslate2")
+# What both formats hold (model.config.unimplemented reads it: {field: ANY, the values they take, or a
+# predicate of the config}): the paper's encoder-decoder with Marian's switches. A model that sets any
+# other field (a switch added after this list included) is refused, naming it.
+IMPLEMENTS = {name: ANY for name in (
+    "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
+    "dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "max_len", "param_dtype", "pre_norm",
+    "share_embeddings", "attention_bias", "layer_norm_epsilon", "logits_bias", "compute",
+    # read only with positions="relative" or arch="encoder_only", which are refused
+    "relative_buckets", "relative_max_distance", "num_classes")}
+IMPLEMENTS.update(arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
+                  num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads,
+                  activation=("relu", "swish"), norm=("layernorm",))   # swish: Marian's (both formats)
 
 
 class UnsupportedOption(ValueError):
@@ -41,16 +53,8 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
     problems.append("learned positions with post-norm (MarianMTModel recomputes its sinusoids when it "
                     "loads; a pre-norm model exports as Pegasus, which keeps the table; or export to "
                     "ctranslate2)")
-  # The family switches (docs/family.md): both formats hold the paper's encoder-decoder only.
-  defaults = dict(arch="encoder_decoder", num_kv_heads=None, activation="relu", norm="layernorm")
-  for name, default in defaults.items():
-    if name == "activation" and cfg.activation == "swish":   # Marian's (both formats have it)
-      continue
-    if getattr(cfg, name) not in (default, cfg.num_heads if name == "num_kv_heads" else default):
-      problems.append(f"{name}={getattr(cfg, name)!r} (the {fmt} export holds {name}={default!r} only)")
-  if cfg.positions not in ("sinusoidal", "learned"):
-    problems.append(f"positions={cfg.positions!r} (the {fmt} export holds sinusoidal or learned "
-                    f"positions only)")
+  problems += [f"{option} (the {fmt} export holds the paper's model with Marian's switches: "
+               f"export/weights.py's IMPLEMENTS)" for option in unimplemented(cfg, IMPLEMENTS)]
   if cfg.positions != "learned" and cfg.d_model % 2:
     problems.append(f"odd d_model={cfg.d_model}")
   if problems:

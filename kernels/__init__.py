@@ -37,6 +37,18 @@ from __future__ import annotations
 import functools
 
 CHOICES = ("auto", "reference", "cpu")
+# Today's model family, as a fast path declares what it implements ({model.TransformerConfig field: None
+# for any value, the values it takes, or a predicate of the config}; model.config.unimplemented reads it):
+# every field, in the values it has today. A field or value added after this list is not in it, so every
+# fast path that declares FAMILY sends a config that sets it to the plain model until someone adds it here.
+FAMILY = {name: None for name in (
+    "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
+    "dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "max_len", "param_dtype", "pre_norm",
+    "share_embeddings", "attention_bias", "layer_norm_epsilon", "num_kv_heads", "logits_bias",
+    "relative_buckets", "relative_max_distance", "num_classes", "compute")}
+FAMILY.update(arch=("encoder_decoder", "decoder_only", "encoder_only"),
+              positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
+              activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
 # The logit of a key a query may not see, in every XLA attention (model/attention.py, decode_cache.py):
 # large enough to zero a float32 softmax entry, small enough not to overflow when added to logits.
 MASKED = -1e9

@@ -18,6 +18,12 @@ replaces what a decoding step on a CPU runs on:
   extensions       beam search's choice of candidates as one C++ call (kernels/cpu_decoding.py), or
                    without it XLA's ops with a top-k pruned by chunks (kernels/beam_top_k.py)
 
+What it implements is declared (`DECODING`, `CACHES`, in kernels.FAMILY's form); model/ops.py decodes a
+config with any other field set (model.config.unimplemented) on the plain path instead, and says so
+once. The XLA caches attend with the model's mask (model/attention.py's `visible`); the C++ attention
+reads the positions up to the step's index instead, which is what `visible` gives for every config
+that CACHES takes.
+
 The C++ kernels are built the first time `decoding` is asked for them, never by model.init or training.
 """
 from __future__ import annotations
@@ -30,8 +36,16 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
+import kernels
 from kernels import beam_top_k, cpu_decoding, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
 
+# The step's pieces (panels, output layer, candidate selection): the family as tests/test_family.py
+# decodes it (kernels.FAMILY's form).
+DECODING = kernels.FAMILY
+# The head-major and beam-slot caches and the C++ attention: the paper's encoder-decoder (num_heads key
+# and value heads, no prompt, no positions inside attention).
+CACHES = dict(DECODING, arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
+              num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads)
 PANELS = "panels"   # the decoding memory's key for the layer weights
 ATTENTIONS = {"self_attention": ("query", "key", "value", "out"),
               # cross-attention's keys and values are computed once per batch: they keep their kernels
@@ -43,18 +57,17 @@ def layer_ops(matmul_dtype):
   return mixed_matmul.dot_general_for(matmul_dtype) or flat_matmul.dot_general, dropout16.Dropout
 
 
-def decoding(cfg, plain, dtype, mixed):
-  """`plain` (a model.ops.Decoding) with the CPU decoding backend's pieces where they apply to `cfg`;
-  dtype: the compute dtype, mixed: the matmul operand dtype where it is below it (else None)."""
+def decoding(cfg, plain, dtype, mixed, caches: bool):
+  """`plain` (a model.ops.Decoding) with the CPU decoding backend's pieces, for a `cfg` that DECODING
+  takes; dtype: the compute dtype, mixed: the matmul operand dtype where it is below it (else None);
+  caches: whether CACHES takes cfg too (else the plain cache)."""
   # The C++ attention (one custom call per attention) and panel products where they built; float32 only.
   ffi = mixed is None and dtype == jnp.float32 and cpu_decoding.available()
   shape = dict(num_layers=cfg.num_decoder_layers, num_heads=cfg.num_heads, d_k=cfg.head_dim_k,
                d_v=cfg.head_dim_v, dtype=dtype)
 
-  # The family switches (decoder-only prefill, fewer key/value heads, positions inside attention) decode
-  # with the plain cache: the CPU caches lay out num_heads heads and attend without a bias.
   def cache(beam_slots):
-    if not cfg.is_paper_family:
+    if not caches:
       return plain.cache(beam_slots)
     kind = decode_cache.BeamSlotCache if beam_slots else decode_cache.HeadMajorCache
     return kind(**shape, matmul_dtype=mixed, ffi=ffi)

@@ -132,6 +132,9 @@ class HeadMajorCache:
     return {"index": jnp.zeros((batch_size,), jnp.int32),
             "layers": [layer() for _ in range(self.num_layers)]}
 
+  def length(self, cache: dict) -> int:
+    return cache["layers"][0]["v"].shape[2]   # values are [n, h, L, d_v] in every layout
+
   def start_step(self, cache: dict, index, num_sentences: int):
     return {}, None
 
@@ -149,14 +152,15 @@ class HeadMajorCache:
         cache, jnp.swapaxes(new, 1, 2).astype(cache.dtype), index, axis=2)
     return write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)   # [n, h, L, d]
 
-  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
+  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context, mask):
+    """mask bool [n, 1, 1, L]: the model's (model/attention.py's visible). The C++ kernel reads the
+    positions up to `index` instead, which is the same for every config that cpu_backend.CACHES takes."""
     del attend, context
     k, v = self._write(layer_cache, k_new, v_new, index)
     if self.ffi:   # a plain cache is one slot per row
       slot = jnp.zeros((k.shape[0], k.shape[3]), jnp.int32)
       return _ffi(cpu_decoding.slot_attention, slot_attention, q, k, v, slot, index), {"k": k, "v": v}
-    visible = (jnp.arange(k.shape[2]) <= index)[None, None, None, :]        # [1, 1, 1, L]
-    return cached_attention(q, k, v, visible, self.dtype, self.matmul_dtype), {"k": k, "v": v}
+    return cached_attention(q, k, v, mask, self.dtype, self.matmul_dtype), {"k": k, "v": v}
 
   def attend_cross(self, attend, q, keys, values, mask):
     del attend
@@ -185,7 +189,8 @@ class BeamSlotCache(HeadMajorCache):
 
   def start_step(self, cache: dict, index, num_sentences: int):
     """Row r writes its entry at `index` into its own slot and reads earlier ones from the slots that
-    wrote them. Returns ({'slot_history'}, history bool [b, k(slot), 1, k(hypothesis), L])."""
+    wrote them. Returns ({'slot_history'}, wrote bool [b, k(slot), 1, k(hypothesis), L]: slot s wrote
+    hypothesis j's entry at position t)."""
     n = cache["slot_history"].shape[0]
     b, beams = num_sentences, n // num_sentences
     slot_history = jax.lax.dynamic_update_slice_in_dim(
@@ -194,9 +199,9 @@ class BeamSlotCache(HeadMajorCache):
     if self.ffi:   # the kernel reads the history itself: [b, k, L]
       return {"slot_history": slot_history}, slot_history.reshape(b, beams, length)
     wrote = slot_history.reshape(b, 1, 1, beams, length) == jnp.arange(beams)[None, :, None, None, None]
-    return {"slot_history": slot_history}, wrote & (jnp.arange(length) <= index)
+    return {"slot_history": slot_history}, wrote
 
-  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
+  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context, mask):
     del attend
     k, v = self._write(layer_cache, k_new, v_new, index)
     b, beams = context.shape[:2]
@@ -205,7 +210,8 @@ class BeamSlotCache(HeadMajorCache):
       heads = _ffi(cpu_decoding.slot_attention, slot_attention, q, k, v, context.reshape(b * beams, -1), index)
       return heads, {"k": k, "v": v}
     slots = lambda c: c.reshape((b, beams) + c.shape[1:])                    # [b, k, h, ., .] (no copy)
-    heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), context,
+    visible = context & mask.reshape(b, 1, 1, beams, -1)                   # [b, s, 1, j, L]
+    heads = beam_attention(q.reshape(b, beams, *q.shape[2:]), slots(k), slots(v), visible,
                            self.dtype, self.matmul_dtype)                  # [b, k, h, d_v]
     return heads, {"k": k, "v": v}   # the layer projects, then reshapes to [n, 1, d_model]
 

@@ -11,10 +11,13 @@ model/attention.py by model/ops.py:
           from a CPU host for ("cuda", "tpu") carries cuDNN's and splash's kernels.
 
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
-segment ids (PackedMask). A decoding step attends one query to the cache with the plain
-attention. Where a kernel cannot take what the model asks for (a score bias for splash, attention
-dropout, float32 for cuDNN), that attention uses the plain one and says why once (logging, warning
-level where the kernel was asked for or would run). Splash computes whole blocks of 128 positions: a
+segment ids (PackedMask): they read the segment ids and the causal flag, not the dense mask that
+model/attention.py's `visible` builds, so they take only the configs they declare (IMPLEMENTS: every
+field of today's family, in its values; model/ops.py's attention_impl sends any other to xla, naming
+it). A decoding step attends one query to the cache with the plain attention. Where a kernel cannot
+take what the model asks for (a score bias for splash, attention dropout, float32 for cuDNN), that
+attention uses the plain one and says why once (logging, warning level where the kernel was asked for
+or would run). Splash computes whole blocks of 128 positions: a
 length that is not a multiple is padded up to one where that at most doubles it (SPLASH_PAD_LIMIT), and
 falls back otherwise.
 """
@@ -29,6 +32,11 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
+import kernels
+
+# What the kernels implement (kernels.FAMILY's form): a config with another field set computes attention
+# as model/ does. (Attention dropout and score biases they refuse per call: *_unsupported below.)
+IMPLEMENTS = kernels.FAMILY
 log = logging.getLogger(__name__)
 _SAID: set = set()
 SPLASH_BLOCKS = (512, 256, 128)   # splash's block sizes, largest first: a length must be a multiple of one

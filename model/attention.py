@@ -15,13 +15,28 @@ from model import ops
 from model import positions as positions_lib
 
 
-def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False,
-                packed: bool = True) -> ops.PackedMask:
-  """segment_mask (and causal_mask) as a PackedMask: the dense mask with the segment ids it was built
-  from, which a fused kernel reads instead (kernels/fused_attention.py)."""
-  dense = segment_mask(q_segments, kv_segments)
+def visible(cfg, q_segments: jax.Array, kv_segments: jax.Array, q_positions: jax.Array | None = None,
+            kv_positions: jax.Array | None = None, causal: bool = False) -> jax.Array:
+  """Which keys each query may see: the one rule of every attention of the model (the teacher-forced
+  passes, prefill and the cached step) and of every cache and kernel that decodes it. A query sees the
+  keys of its own segment (segment 0 is padding, which sees and is seen by nothing) and, causal, none at
+  a later position. q_segments int [b, q], kv_segments int [b, k]; positions int, same shapes (None for
+  cross-attention: queries and keys of two sequences); cfg: the TransformerConfig, for a switch that
+  changes what is visible (docs/model.md, "Adding a switch"). Returns bool [b, 1, q, k]."""
+  del cfg   # no switch of today's family changes it
+  mask = segment_mask(q_segments, kv_segments)
   if causal:
-    dense = dense & causal_mask(q_segments.shape[1])
+    mask = mask & (q_positions[:, :, None] >= kv_positions[:, None, :])[:, None]
+  return mask
+
+
+def packed_mask(q_segments: jax.Array, kv_segments: jax.Array, causal: bool = False, packed: bool = True,
+                cfg=None, q_positions=None, kv_positions=None) -> ops.PackedMask:
+  """visible(...) as a PackedMask: the dense mask with the segment ids and causal flag that a fused kernel
+  reads instead (kernels/fused_attention.py). Causal without positions: 0, 1, 2, ... in every row."""
+  if causal and q_positions is None:
+    q_positions = kv_positions = jnp.broadcast_to(jnp.arange(q_segments.shape[1]), q_segments.shape)
+  dense = visible(cfg, q_segments, kv_segments, q_positions, kv_positions, causal)
   return ops.PackedMask(dense, q_segments, kv_segments, causal, packed)
 
 
@@ -31,12 +46,6 @@ def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   same = q_segments[:, :, None] == kv_segments[:, None, :]  # [b, q, k]
   real = (q_segments[:, :, None] != 0) & (kv_segments[:, None, :] != 0)
   return (same & real)[:, None]
-
-
-def causal_mask(length: int) -> jax.Array:
-  """Position i sees positions <= i. Returns bool [1, 1, length, length]."""
-  idx = jnp.arange(length)
-  return (idx[:, None] >= idx[None, :])[None, None]
 
 
 def attention_weights(q, k, mask, bias=None, dot_general=None):

@@ -29,6 +29,10 @@ class KVCache:
     return {"index": jnp.zeros((batch_size,), jnp.int32),
             "layers": [layer() for _ in range(self.num_layers)]}
 
+  def length(self, cache: dict) -> int:
+    """The most positions `cache` holds (L): decoding reads the geometry through the cache that laid it out."""
+    return cache["layers"][0]["k"].shape[1]
+
   def start_step(self, cache: dict, index, num_sentences: int):
     """Before the layers of one step: (entries carried into the new cache, context for attend_self)."""
     return {}, None
@@ -37,16 +41,16 @@ class KVCache:
     """Cross-attention keys [b, src_len, h, d_k] and values [b, src_len, h, d_v], stored once."""
     return keys, values
 
-  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context):
-    """Writes this step's keys and values [n, 1, h, d] at `index` and attends to positions <= index with
-    the layer's attend(q, k, v, mask). Returns (heads [n, 1, h, d_v], new layer cache); a cache may return
-    the heads with other leading axes of n * 1 elements (the layer reshapes them)."""
+  def attend_self(self, attend, q, k_new, v_new, layer_cache: dict, index, context, mask):
+    """Writes this step's keys and values [n, 1, h, d] at `index` and attends, with the layer's
+    attend(q, k, v, mask), to the entries that mask bool [n, 1, 1, L] (the model's, attention.visible)
+    shows. Returns (heads [n, 1, h, d_v], new layer cache); a cache may return the heads with other
+    leading axes of n * 1 elements (the layer reshapes them)."""
     del context
     write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype),
                                                                    index, axis=1)
     k, v = write(layer_cache["k"], k_new), write(layer_cache["v"], v_new)    # [n, L, h, d]
-    visible = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]          # [1, 1, 1, L]
-    return attend(q, k, v, visible), {"k": k, "v": v}
+    return attend(q, k, v, mask), {"k": k, "v": v}
 
   def attend_cross(self, attend, q, keys, values, mask):
     """q [b, k, h, d_k]: the k hypotheses of a sentence are k queries against its keys and values

@@ -143,12 +143,6 @@ class TransformerConfig:
     return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
 
   @property
-  def is_paper_family(self) -> bool:
-    """True when no family switch is set beyond what the paper's model (and kernels/) handle."""
-    return (self.arch == "encoder_decoder" and self.positions in ("sinusoidal", "learned")
-            and self.kv_heads == self.num_heads)
-
-  @property
   def head_dim_k(self) -> int:
     return self.d_k if self.d_k is not None else self.d_model // self.num_heads
 
@@ -162,6 +156,26 @@ class TransformerConfig:
   def with_compute(self, **changes) -> "TransformerConfig":
     """The same model computed otherwise: cfg.with_compute(kernels="reference")."""
     return self.replace(compute=self.compute.replace(**changes))
+
+
+ANY = None   # in an `implements` declaration: every value of the field
+
+
+def unimplemented(cfg, implements: dict) -> list[str]:
+  """What a fast path or an exporter cannot compute, from what it declares it implements: {field: ANY, a
+  tuple of the values it takes, or a predicate of cfg}. Returns 'field=value' for every field of cfg (a
+  TransformerConfig, or a subclass with more fields) that differs from its default and is not declared,
+  or not with this value. A field added tomorrow is in no declaration, so it sends every fast path to the
+  plain model and every exporter to a refusal until someone declares it there."""
+  missing = []
+  for field in dataclasses.fields(cfg):
+    value, allowed = getattr(cfg, field.name), implements.get(field.name, ())
+    default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+    if field.name in implements and allowed is ANY or value == default:
+      continue
+    if not (allowed(cfg) if callable(allowed) else value in allowed):
+      missing.append(f"{field.name}={value!r}")
+  return missing
 
 
 def base(**overrides) -> TransformerConfig:

@@ -13,7 +13,7 @@ import jax
 
 from model.attention import MultiHeadAttention
 from model.config import TransformerConfig, as_dtype
-from model.ops import ops_for
+from model.ops import attention_impl, ops_for
 
 _ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "swish": nn.silu, "swiglu": nn.silu, "geglu": nn.gelu}
 
@@ -47,7 +47,7 @@ def _attention(cfg: TransformerConfig, cross: bool = False):
                             dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.compute.dtype),
                             param_dtype=as_dtype(cfg.param_dtype), dot_general=ops.dot_general,
                             dropout_cls=ops.dropout, num_kv_heads=cfg.kv_heads,
-                            rope=cfg.positions == "rope" and not cross, impl=cfg.compute.attention_impl)
+                            rope=cfg.positions == "rope" and not cross, impl=attention_impl(cfg))
 
 
 def layer_norm(cfg: TransformerConfig):
@@ -95,9 +95,9 @@ class Step:
   kv: Any                             # the decoding cache object (model/cache.py's KVCache methods)
   context: Any                        # kv.start_step's, for kv.attend_self
   positions: jax.Array                # int32 [n, 1], each row's position (rope)
-  src_mask: jax.Array | None = None   # bool [b, src_len]; None without cross-attention
+  self_mask: jax.Array                # bool [n, 1, 1, L]: the cache entries each row sees (attention.visible)
+  cross_mask: jax.Array | None = None   # bool [b, 1, 1, src_len]; None without cross-attention
   bias: jax.Array | None = None       # float32 [n, h, 1, L] over the cache's positions (alibi, relative)
-  key_mask: jax.Array | None = None   # bool [n, 1, 1, L]: False on a decoder-only prompt's left padding
 
 
 class DecoderLayer(nn.Module):
@@ -148,25 +148,22 @@ class DecoderLayer(nn.Module):
     `step.kv.prepare_cross` (None without cross-attention). Returns (y [n, 1, d_model], new layer cache)."""
     new_cache, kv = {}, step.kv
     attend = self.self_attention.heads
-    if step.bias is not None or step.key_mask is not None:
-      def attend(q, k, v, mask):
-        mask = mask if step.key_mask is None else mask & step.key_mask
-        return self.self_attention.heads(q, k, v, mask, bias=step.bias)
+    if step.bias is not None:
+      attend = lambda q, k, v, mask: self.self_attention.heads(q, k, v, mask, bias=step.bias)
 
     def self_attend(y):
       k_new, v_new = self.self_attention.project_kv(y, step.positions)      # [n, 1, g, d]
       q = self.self_attention.project_q(y, step.positions)                  # [n, 1, h, d_k]
       heads, new_cache["layer"] = kv.attend_self(attend, q, k_new, v_new, layer_cache, step.index,
-                                                 step.context)
+                                                 step.context, step.self_mask)
       return self.self_attention.out(heads).reshape(y.shape)
 
     def cross_attend(y):
       keys, values = cross
-      b, n = step.src_mask.shape[0], y.shape[0]
+      b, n = step.cross_mask.shape[0], y.shape[0]
       q = self.cross_attention.project_q(y).reshape(
           b, n // b, self.cfg.num_heads, self.cfg.head_dim_k)           # [b, k, h, d_k]
-      mask = step.src_mask[:, None, None, :]                            # [b, 1, 1, src_len]
-      heads = kv.attend_cross(self.cross_attention.heads, q, keys, values, mask)   # [b, k, h, d_v]
+      heads = kv.attend_cross(self.cross_attention.heads, q, keys, values, step.cross_mask)   # [b, k, h, d_v]
       return self.cross_attention.out(heads).reshape(n, 1, -1)
 
     x = self.residual_self(x, self_attend)

@@ -6,26 +6,35 @@ Compute.kernels chooses: "reference" is the plain pieces below and model/cache.p
 kernels/cpu_backend.py's XLA:CPU fast paths (same results: tests/test_kernels.py, test_cpu_decoding.py);
 "auto" is "cpu" on the CPU: where the train and eval steps are lowered for it (kernels.on_lowering_platform),
 and for decoding, whose cache layout is chosen before tracing, where JAX runs (kernels.resolve).
+
+Each fast path declares the TransformerConfig fields it implements (cpu_backend.DECODING and CACHES,
+fused_attention.IMPLEMENTS); a config with any other field set runs on the plain pieces, which says so
+once (model.config.unimplemented).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 import kernels
 from kernels import cpu_backend, fused_attention
 from model.cache import KVCache
-from model.config import TransformerConfig, as_dtype
+from model.config import TransformerConfig, as_dtype, unimplemented
+
+log = logging.getLogger(__name__)
+_SAID: set = set()
 
 MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA attention
 # attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
-# Compute.attention_impl chooses: cuDNN's or splash's fused kernel where it can take it.
+# Compute.attention_impl chooses (see attention_impl): cuDNN's or splash's fused kernel where it can take it.
 attention = fused_attention.attention
 PackedMask = fused_attention.PackedMask   # a teacher-forced mask with its segment ids (packed_mask)
 
@@ -45,7 +54,7 @@ class Ops:
   dot_general: Callable | None   # for every matmul (None: lax.dot_general in the compute dtype)
   dropout: type                  # an nn.Dropout-style module class
   # Whether train/ fuses the output layer with the loss (train/chunked_loss.py): every architecture with
-  # a decoder, on every path; the masked LM's head keeps full logits.
+  # a decoder, on every path, for the fields kernels.FAMILY declares; the masked LM's head keeps full logits.
   fused_loss: bool
 
   @property
@@ -84,6 +93,29 @@ def _mixed(cfg: TransformerConfig):
   return dtype, (matmul if matmul is not None and matmul != dtype else None)
 
 
+def _falls_back(cfg, implements: dict, what: str, level=logging.WARNING) -> bool:
+  """Whether cfg sets a field that a fast path does not declare in `implements`; if so, says once that
+  `what` runs on the plain path, naming the fields."""
+  missing = unimplemented(cfg, implements)
+  if missing:
+    message = f"{what} does not implement {', '.join(missing)}: the plain path (model/) runs instead"
+    if message not in _SAID:
+      _SAID.add(message)
+      log.log(level, message)
+  return bool(missing)
+
+
+def attention_impl(cfg: TransformerConfig) -> str:
+  """Compute.attention_impl for the layers of cfg: "xla" where cfg sets a field that the fused kernels do
+  not declare (fused_attention.IMPLEMENTS), which is said once."""
+  impl = cfg.compute.attention_impl
+  loud = impl != "auto" or jax.default_backend() != "cpu"   # (auto on a CPU is xla anyway)
+  if impl != "xla" and _falls_back(cfg, fused_attention.IMPLEMENTS, f"attention_impl={impl!r} "
+                                   "(kernels/fused_attention.py)", logging.WARNING if loud else logging.INFO):
+    return "xla"
+  return impl
+
+
 def ops_for(cfg: TransformerConfig) -> Ops:
   """The reference or fast pieces for `cfg` (see the module docstring). Builds nothing."""
   _, mixed = _mixed(cfg)
@@ -92,7 +124,9 @@ def ops_for(cfg: TransformerConfig) -> Ops:
   else:
     dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
     dropout = nn.Dropout
-  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=cfg.arch != "encoder_only")
+  fused_loss = cfg.arch != "encoder_only" and not _falls_back(
+      cfg, kernels.FAMILY, "the fused output layer and loss (train/chunked_loss.py)", logging.INFO)
+  return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
 
 
 def decoding_for(cfg: TransformerConfig) -> Decoding:
@@ -103,6 +137,10 @@ def decoding_for(cfg: TransformerConfig) -> Decoding:
                                                     cfg.head_dim_v, dtype),
                    decoding_weights=lambda table: table,
                    decoding_logits=functools.partial(_reference_logits, ops_for(cfg).dot_general))
-  if kernels.resolve(cfg.compute.kernels) != "cpu":
+  if (kernels.resolve(cfg.compute.kernels) != "cpu"
+      or _falls_back(cfg, cpu_backend.DECODING, "kernels='cpu' decoding (kernels/cpu_backend.py)")):
     return plain
-  return cpu_backend.decoding(cfg, plain, dtype, mixed)
+  # The family's switches beyond the paper's model decode with the plain cache (INFO: known and tested).
+  caches = not _falls_back(cfg, cpu_backend.CACHES, "the CPU decoding caches (kernels/decode_cache.py)",
+                           logging.INFO)
+  return cpu_backend.decoding(cfg, plain, dtype, mixed, caches)

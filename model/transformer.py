@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model.attention import causal_mask, packed_mask, segment_mask
+from model import attention
 from model.config import TransformerConfig, as_dtype
 from model.embedding import Embedder
 from model.heads import ClassificationHead, MaskedLMHead
@@ -65,7 +65,8 @@ class Encoder(_Stack):
   def __call__(self, src, src_segments, src_positions, deterministic=True):
     """src, src_segments, src_positions: int [b, src_len]. Returns enc_out [b, src_len, d_model]."""
     x = self.embed(src, src_positions, deterministic)
-    mask = packed_mask(src_segments, src_segments, packed=self.packed)   # dense [b, 1, src_len, src_len]
+    mask = attention.packed_mask(src_segments, src_segments, False, self.packed, self.cfg, src_positions,
+                                 src_positions)                       # dense [b, 1, src_len, src_len]
     bias = self.position_bias(src_positions, src_positions)    # None or [b, h, src_len, src_len]
     return self._finish(stack.apply(self.layers, x, mask, deterministic, src_positions, bias))
 
@@ -78,9 +79,10 @@ class Decoder(_Stack):
     """Teacher-forced pass. Returns decoder outputs [b, tgt_len, d_model] (before the softmax layer).
     Without cross-attention (decoder-only) enc_out and src_segments are None."""
     x = self.embed(tgt_in, tgt_positions, deterministic)
-    self_mask = packed_mask(tgt_segments, tgt_segments, causal=True, packed=self.packed)
-    cross_mask = (None if enc_out is None else
-                  packed_mask(tgt_segments, src_segments, packed=self.packed))   # [b, 1, tgt, src]
+    self_mask = attention.packed_mask(tgt_segments, tgt_segments, True, self.packed, self.cfg, tgt_positions,
+                                      tgt_positions)                  # dense [b, 1, tgt_len, tgt_len]
+    cross_mask = (None if enc_out is None else   # [b, 1, tgt_len, src_len]
+                  attention.packed_mask(tgt_segments, src_segments, False, self.packed, self.cfg))
     bias = self.position_bias(tgt_positions, tgt_positions)   # None or [b, h, tgt_len, tgt_len]
     x = stack.apply(self.layers, x, enc_out, self_mask, cross_mask, deterministic, tgt_positions, bias)
     return self._finish(x)
@@ -94,7 +96,7 @@ class Decoder(_Stack):
     positions = jnp.maximum(jnp.arange(length, dtype=jnp.int32)[None] - offset[:, None], 0)
     segments = (prompt != 0).astype(jnp.int32)
     x = self.embed(prompt, positions)
-    mask = segment_mask(segments, segments) & causal_mask(length)
+    mask = attention.visible(self.cfg, segments, segments, positions, positions, causal=True)
     bias = self.position_bias(positions, positions)
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache["layers"]):
@@ -110,20 +112,21 @@ class Decoder(_Stack):
   def step(self, ids, cache, cross, src_mask, kv):
     """ids int32 [n] at position cache['index']; kv: the decoding cache object (model/cache.py) that
     made `cache`. Returns (outputs [n, d_model], new cache)."""
-    index, n = cache["index"][0], ids.shape[0]
-    positions = jnp.broadcast_to(index, ids.shape)[:, None]   # [n, 1]
-    key_positions = key_mask = None
-    if "offset" in cache or self.cfg.positions in ("alibi", "relative"):   # plain cache: k [n, L, g, d_k]
-      length = cache["layers"][0]["k"].shape[1]
-      key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length))   # [n, L]
+    index, n, length = cache["index"][0], ids.shape[0], kv.length(cache)
+    positions = jnp.broadcast_to(index, ids.shape)[:, None]                              # [n, 1]
+    key_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length))   # [n, L]
     if "offset" in cache:       # a decoder-only prompt, left-padded by offset [n]
       positions = positions - cache["offset"][:, None]
       key_positions = key_positions - cache["offset"][:, None]
-      key_mask = (key_positions >= 0)[:, None, None, :]                                    # [n, 1, 1, L]
+    # The cache's entries: real from the prompt's first token on (later ones are hidden as causal).
+    self_mask = attention.visible(self.cfg, jnp.ones_like(positions), (key_positions >= 0).astype(jnp.int32),
+                                  positions, key_positions, causal=True)                 # [n, 1, 1, L]
+    cross_mask = None if src_mask is None else attention.visible(
+        self.cfg, jnp.ones((src_mask.shape[0], 1), jnp.int32), src_mask.astype(jnp.int32))   # [b, 1, 1, src]
     x = self.embed(ids[:, None], positions)                    # [n, 1, d_model]
-    bias = None if key_positions is None else self.position_bias(positions, key_positions)   # [n, h, 1, L]
+    bias = self.position_bias(positions, key_positions)      # None or [n, h, 1, L]
     carried, context = kv.start_step(cache, index, n if src_mask is None else src_mask.shape[0])
-    step = Step(index, kv, context, positions, src_mask, bias, key_mask)
+    step = Step(index, kv, context, positions, self_mask, cross_mask, bias)
     cross = cross if cross is not None else [None] * len(self.layers)
     new_layers = []
     for layer, layer_cache, layer_cross in zip(self.layers, cache["layers"], cross):

@@ -117,6 +117,23 @@ def diff_configs(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
+# TransformerConfig's fields that are not config.model keys: the vocabulary's size, and the compute section.
+NOT_MODEL_KEYS = ("vocab_size", "compute")
+
+
+def fill_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """config (unlocked) with every TransformerConfig field that config.model lacks (but NOT_MODEL_KEYS) and
+  every Compute field that config.compute lacks set to its default, in place: an experiment declares what
+  it sets, and a switch added to model/ can be set on every experiment's command line
+  (--config.model.NAME=VALUE). experiments.load_experiment calls it; a run's config.json holds them all."""
+  for section, cls, skip in (("model", TransformerConfig, NOT_MODEL_KEYS), ("compute", Compute, ())):
+    values = config[section]
+    for field in dataclasses.fields(cls):
+      if field.name not in values and field.name not in skip:
+        values[field.name] = field.default
+  return config
+
+
 def with_defaults(old: dict, new: dict) -> dict:
   """`old` (a config.json's dict) with every config.model and config.compute key that `new` has and `old`
   lacks set to TransformerConfig's (or Compute's) default: what a run written before the key existed was

@@ -8,8 +8,6 @@ import pathlib
 
 import ml_collections
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from model import TransformerConfig
 import run
@@ -49,12 +47,8 @@ def _leaves(config, prefix=""):
 
 def _parse_flags(spec, *overrides):
   """Parses a command line the way train/__main__.py does; returns the ConfigDict."""
-  argv = ["train", f"--config={spec}", *overrides]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "experiment", flag_values=values, lock_config=True,
-                                  sys_argv=argv)   # it scans argv for the --config.* names to define
-  values(argv)
-  return values.config
+  config = experiments.load_experiment(spec)
+  return experiments.apply_overrides(config, [o.removeprefix("--config.") for o in overrides])
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -1,14 +1,18 @@
 """The Transformer family's switches (docs/family.md) held to their references: positions, GQA/MQA,
 gated FFNs, RMSNorm and the three architectures. Every variant: the parameter count is exact, cached
 decoding equals the full forward pass, padding and packing change nothing, the future cannot leak."""
+import contextlib
+import functools
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import Compute, Transformer, TransformerConfig, init_cache
+from kernels import cpu_decoding
+from model import Compute, Transformer, TransformerConfig, init_cache, reorder_cache
 from model.cache import KVCache
 from model.ops import decoding_for
 from model.positions import alibi_slopes, relative_bucket, rope
@@ -160,28 +164,68 @@ def _forward(model, params, arch, src, tgt, **kw):
   return model.apply({"params": params}, src, tgt, **kw)
 
 
+@contextlib.contextmanager
+def cpp_kernels(on: bool):
+  """AIAYN_CPU_DECODING=1 or 0 for what runs inside (kernels/cpu_decoding.py reads it once per process)."""
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("AIAYN_CPU_DECODING", "1" if on else "0")
+    cpu_decoding.available.cache_clear()
+    try:
+      yield
+    finally:
+      cpu_decoding.available.cache_clear()
+
+
+# Every way decoding can run here: (Compute.kernels, the C++ kernels on).
+DECODING_SETTINGS = [("reference", False), ("cpu", True), ("cpu", False), ("auto", True)]
+
+
+def assert_cached_decoding_equals_teacher_forcing(cfg, params, seed):
+  """Under every DECODING_SETTINGS and both cache kinds (beam slots or not), decoding cfg one token at a
+  time (after a cached prefill, decoder-only) gives the teacher-forced logits. Lengths, padding and the
+  prefill are drawn from `seed`; with beam slots, two hypotheses a sentence swap rows at every step, as
+  beam search's reorder does, so each must read its own history from the other's slot."""
+  # (kernels="auto" is "cpu" on this backend; it is run as what a user who sets nothing gets.)
+  rng = np.random.default_rng(seed)
+  decoder_only, beams = cfg.arch == "decoder_only", 2
+  src_len, tgt_len = int(rng.integers(1, 9)), int(rng.integers(2, 9))
+  src = _tokens(seed, (2, src_len)).at[1, src_len - int(rng.integers(0, src_len)):].set(0)   # padded
+  tgt = _tokens(seed + 1, (2 * beams, tgt_len))      # row r*beams + j: hypothesis j of sentence r
+  rows = np.arange(2 * beams).reshape(2, beams)[:, ::-1].reshape(-1)   # each sentence's two swap rows
+  prefill = int(rng.integers(1, tgt_len)) if decoder_only else 0
+  full = Transformer(cfg).apply({"params": params}, jnp.repeat(src, beams, axis=0), tgt)   # [4, T, vocab]
+  for kernels, cpp in DECODING_SETTINGS:
+    model = Transformer(cfg.with_compute(kernels=kernels))
+    apply = functools.partial(model.apply, {"params": params})
+    with cpp_kernels(cpp):
+      step = jax.jit(functools.partial(apply, method="decode_step"))   # one compile for every step
+      # (where decoding uses the plain cache for both, beam slots are the same program)
+      plain = isinstance(decoding_for(model.cfg).cache(True), KVCache)
+      for beam_slots in (False,) if plain else (False, True):
+        enc_out = None if decoder_only else apply(src, method="encode")
+        memory = apply(enc_out, method="prepare_decoding")
+        cache = init_cache(model.cfg, 2 * beams, tgt_len + 1, beam_slots=beam_slots)
+        order, steps, expected = np.arange(2 * beams), [], []
+        if prefill:
+          logits, cache = apply(tgt[:, :prefill], cache, memory, method="prefill")
+          steps.append(logits), expected.append(full[:, prefill - 1])
+        for i in range(prefill, tgt_len):
+          logits, cache = step(tgt[order, i], cache, memory, None if decoder_only else src != 0)
+          steps.append(logits), expected.append(full[order, i])
+          if beam_slots:
+            cache, order = reorder_cache(model.cfg, cache, jnp.asarray(rows)), order[rows]
+        setting = f"kernels={kernels}, C++ {'on' if cpp else 'off'}, beam_slots={beam_slots}"
+        np.testing.assert_allclose(np.stack(steps, 1), np.stack(expected, 1), rtol=3e-5, atol=3e-5,
+                                   err_msg=setting)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", _variants(VARIANTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in ("paper", "mqa_swiglu_rms")
+                                               else pytest.mark.slow) for n in VARIANTS])
 def test_cached_decoding_equals_the_full_forward_pass(arch, name):
   cfg = _cfg(arch=arch, **VARIANTS[name])
-  model, params = _init(cfg)
-  variables = {"params": params}
-  src, tgt = _tokens(4, (2, 7)), _tokens(5, (2, 6))
-  full = model.apply(variables, src, tgt)                                  # [2, 6, vocab]
-  enc_out = None if arch == "decoder_only" else model.apply(variables, src, method="encode")
-  memory = model.apply(variables, enc_out, method="prepare_decoding")
-  cache = init_cache(cfg, batch_size=2, max_len=8)
-  start, steps = 0, []
-  if arch == "decoder_only":   # a cached prefill of the first 3 tokens, then one token at a time
-    logits, cache = model.apply(variables, tgt[:, :3], cache, memory, method="prefill")
-    steps.append(logits)
-    start = 3
-  for i in range(start, 6):
-    logits, cache = model.apply(variables, tgt[:, i], cache, memory, None if arch == "decoder_only"
-                                else src != 0, method="decode_step")
-    steps.append(logits)
-  expected = full[:, 2:] if arch == "decoder_only" else full
-  np.testing.assert_allclose(np.stack(steps, 1), expected, rtol=2e-5, atol=2e-5)
+  _, params = _init(cfg)
+  assert_cached_decoding_equals_teacher_forcing(cfg, params, seed=zlib.crc32(f"{arch}/{name}".encode()))
 
 
 def test_prefill_with_left_padding_equals_the_unpadded_prompt():
@@ -236,17 +280,6 @@ def test_a_future_token_cannot_change_an_earlier_logit(name):
   changed = tokens.at[0, 6].set(4 if int(tokens[0, 6]) != 4 else 5)
   before, after = (model.apply({"params": params}, None, t) for t in (tokens, changed))
   np.testing.assert_array_equal(before[:, :6], after[:, :6])
-
-
-def test_the_cpu_kernels_fall_back_to_the_plain_cache_for_the_family():
-  for switch in (dict(num_kv_heads=2), dict(positions="rope"), dict(arch="decoder_only")):
-    ref = _cfg(**switch)
-    fast = _cfg(**switch, compute=Compute(kernels="cpu"))
-    model, params = _init(ref)
-    src, tgt = _tokens(12, (2, 7)), _tokens(13, (2, 6))
-    np.testing.assert_allclose(Transformer(fast).apply({"params": params}, src, tgt),
-                               model.apply({"params": params}, src, tgt), rtol=1e-5, atol=1e-5)
-    assert isinstance(decoding_for(fast).cache(True), KVCache)
 
 
 def test_encoder_only_is_bidirectional_and_classifies():

@@ -9,7 +9,7 @@ import pytest
 
 import experiments
 import run
-from model import Compute
+from model import Compute, TransformerConfig
 from run import config as config_io
 from run.user_errors import UserError
 
@@ -37,10 +37,13 @@ def test_an_old_config_json_reads_in_todays_layout():
   config = config_io.read_config_json(OLD_CONFIG)
   assert set(config["compute"]) == COMPUTE and not COMPUTE & set(config["model"])
   assert {**config["model"], **config["compute"]} == old["model"]
-  # Today's smoke experiment is the run that wrote it: nothing differs, and as_old_layout writes that layout.
+  # Today's smoke experiment is the run that wrote it: with the keys added since at their defaults (as a
+  # resume reads it) nothing differs, and as_old_layout writes that layout.
   today = _smoke().to_dict()
-  assert config_io.diff_configs(config, today) == []
-  assert as_old_layout(today) == old
+  filled = config_io.with_defaults(config, today)
+  assert set(filled["model"]) - set(config["model"]), "no model key was added since: the test checks nothing"
+  assert config_io.diff_configs(filled, today) == []
+  assert as_old_layout(today) == {**old, "model": {**filled["model"], **filled["compute"]}}
   cfg = run.model_config(ml_collections.ConfigDict(config), 300)
   assert cfg.compute == Compute() and cfg.d_model == old["model"]["d_model"]
 
@@ -73,3 +76,18 @@ def test_a_resume_may_change_the_compute_settings_but_not_the_model(tmp_path):
 def test_an_old_key_on_the_command_line_names_it():
   with pytest.raises(KeyError, match="no key 'dtype' in model; did you mean 'compute.dtype'"):
     experiments.apply_overrides(_smoke(), {"model.dtype": "bfloat16"})
+
+
+def test_every_model_switch_is_on_the_command_line_without_an_experiment_declaring_it():
+  raw = experiments.load_module(str(ROOT / "experiments" / "default.py")).get_config("smoke")
+  assert "norm" not in raw.model and "num_kv_heads" not in raw.model   # default.py does not declare them
+  config = _smoke()
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)} - set(config_io.NOT_MODEL_KEYS)
+  assert fields <= set(config.model) and {f.name for f in dataclasses.fields(Compute)} <= set(config.compute)
+  experiments.apply_overrides(config, ["model.norm=rmsnorm", "model.num_kv_heads=1",
+                                       "model.relative_buckets=8"])
+  cfg = run.model_config(config, 300)
+  assert (cfg.norm, cfg.kv_heads, cfg.relative_buckets) == ("rmsnorm", 1, 8)
+  # Set explicitly, a default reads as what the experiment declared (the config.json of older runs).
+  assert run.model_config(_smoke(), 300) == TransformerConfig(vocab_size=300, **raw.model.to_dict(),
+                                                              compute=Compute(**raw.compute.to_dict()))

@@ -24,7 +24,7 @@ def ablate(part: str | None) -> None:
   if part is None:
     return
   if part == "self":
-    def attend_self(self, attend, q, k_new, v_new, layer_cache, index, context):
+    def attend_self(self, attend, q, k_new, v_new, layer_cache, index, context, mask):
       k, v = self._write(layer_cache, k_new, v_new, index)
       return q, {"k": k, "v": v}
     decode_cache.HeadMajorCache.attend_self = attend_self
