@@ -33,6 +33,7 @@ import sentencepiece as spm
 from decode import __main__ as decode_cli
 from decode.bleu import sacrebleu_score
 from export import __main__ as export_cli
+from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -97,7 +98,7 @@ def train_tiny(folder: pathlib.Path, pre_norm: bool, source_eos: bool) -> pathli
       decode=dict(beam_size=4, alpha=0.6))
   flags = [f"--config.{section}.{key}={value}" for section, values in settings.items()
            for key, value in values.items()]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=1"))
   subprocess.run([sys.executable, "-m", "train", "--config", f"{ROOT}/experiments/default.py:smoke",
                   "--workdir", str(workdir), *flags], check=True, cwd=ROOT, env=env,
                  stdout=subprocess.DEVNULL)

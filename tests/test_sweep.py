@@ -15,6 +15,7 @@ import time
 import pytest
 
 from jobs import sweep
+from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -121,7 +122,7 @@ def test_bad_sweeps_fail_before_running_anything(tmp_path, fake):
 
 
 def _sweep_cli(workdir, *extra):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"))
   env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
   # No dev BLEU (beam-search compiles would double the time; decode/ has its own tests): a shared override.
   command = [sys.executable, "-m", "jobs.sweep", f"--config={ROOT}/experiments/table3.py:smoke",

@@ -21,6 +21,7 @@ from decode.translate import translate
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run import checkpoint as ckpt
 from train.train import TIMING_KEYS, NonFiniteError, train_and_evaluate
+from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
@@ -38,7 +39,7 @@ def smoke_config(**overrides):
 def trainer(workdir, *overrides, devices=8):
   """Starts `python -m train` on the smoke experiment as a subprocess (its own 8 fake devices)."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
   env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
   flags = [f"--config.{k}={v}" for k, v in QUIET.items()] + [f"--config.{o}" for o in overrides]
   command = [sys.executable, "-m", "train", f"--config={SMOKE}", f"--workdir={workdir}", *flags]
