@@ -24,6 +24,7 @@ quartiles, go to benchmarks/results/throughput[-PRESET].json.
 ours_baseline; the ratio ours/ours_baseline is the change's speed-up, measured in the same rounds.
 --preset default: the default experiment's model (d_model 128, 2+2 layers, no dropout) and its packed
 2,048-token batch: our training rows only (MarianMTModel has no packed-row attention), and decoding.
+--preset tiny: a 1+1-layer d_model-32 model on 8-token sentences, for the tests.
 """
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ from run.devices import usable_cpus
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRESETS = {"default": dict(d_model=128, num_layers=2, num_heads=4, d_ff=512, vocab=8000, batch=32,
-                           src_len=64, tgt_len=64, dropout=0.0)}
+                           src_len=64, tgt_len=64, dropout=0.0),
+           # For the tests: every part of a benchmark in seconds; its numbers measure nothing.
+           "tiny": dict(d_model=32, num_layers=1, num_heads=2, d_ff=64, vocab=300, batch=4, src_len=8, tgt_len=8,
+                        dropout=0.0)}
 
 
 def parse_args(argv=None):

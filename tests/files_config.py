@@ -1,4 +1,6 @@
-"""A helper shared by the tests that read a corpus of TSV files (not a test module)."""
+"""Helpers shared by tests (not a test module): the data config of a corpus of TSV files, and the
+XLA_FLAGS of a test's subprocess."""
+import os
 
 
 def files_data_config(folder, **changes):
@@ -12,3 +14,11 @@ def files_data_config(folder, **changes):
     for key, value in changes.items():
       config[key] = value
   return config
+
+
+def xla_flags(*flags) -> str:
+  """XLA_FLAGS for a test's subprocess: `flags` and the instruction-set cap the suite was run with, if any
+  (`XLA_FLAGS=--xla_cpu_max_isa=AVX2 pytest` runs it as an AVX2-only CPU does), so that the subprocess
+  compiles the code the test's own process does."""
+  cap = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa")]
+  return " ".join([*cap, *flags])

@@ -226,8 +226,10 @@ def test_decode_anatomy_times_every_variant_in_its_own_process_and_the_pair_at_o
   if len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs 2 CPUs: one process pinned to each of CPUs 0 and 1 at the same moment")
   out = tmp_path / "anatomy.json"
-  result = decode_anatomy.main(["--repeats", "2", "--warmup", "1", "--decode_len", "6", "--out", str(out)])
+  result = decode_anatomy.main(["--preset", "tiny", "--repeats", "2", "--warmup", "1", "--decode_len", "6",
+                                "--pause", "0", "--out", str(out)])
   assert json.loads(out.read_text()) == result
+  assert result["model"]["d_model"] == 32   # --preset tiny
   variants = result["variants"]
   assert set(variants) == {"full", "no_self", "no_cross", "output_eighth", "one_device", "one_core",
                            "two_at_once"}

@@ -26,10 +26,12 @@ for _ in range(3):
   step(x).block_until_ready()
 def faults():
   return int(open("/proc/self/stat").read().split(")")[1].split()[7])   # minflt
-before = faults()
-for _ in range(4):
+runs = []
+for _ in range(8):
+  before = faults()
   step(x).block_until_ready()
-print((faults() - before) / 4)
+  runs.append(faults() - before)
+print(sorted(runs)[len(runs) // 2])   # the median run: a page fault of another thread now and then is not the step's
 """
 
 
@@ -41,13 +43,28 @@ def _faults_per_run(keep: bool) -> tuple[str, float]:
   return out[-2], float(out[-1])
 
 
+def _huge_page_bytes() -> int:
+  """The kernel's transparent huge page size (2 MiB on x86-64), the largest page a fault can map."""
+  try:
+    return int(pathlib.Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read_text())
+  except (OSError, ValueError):
+    return 2 << 20
+
+
 def test_freed_buffer_is_reused_without_page_faults():
+  """The setting's effect as a ratio against the same machine's faults without it: how many pages a fault
+  maps depends on the kernel (4 KiB pages: 16,384 faults for the 64 MB buffer; transparent huge pages
+  `always`: 32; large folios or fault-around: in between), so no fixed count would hold everywhere."""
   kept, with_setting = _faults_per_run(keep=True)
   left, without = _faults_per_run(keep=False)
   assert (kept, left) == ("True", "False")
-  # 64 MB is 16,384 pages of 4 KiB: without the setting each run maps them afresh.
-  assert without > 8000, without
-  assert with_setting < 500, with_setting
+  fewest = (64 << 20) // _huge_page_bytes()   # the 64 MB buffer mapped afresh, in the largest pages there are
+  if without < fewest:
+    pytest.skip(f"without the malloc setting this machine faulted {without:g} pages a run, fewer than the "
+                f"{fewest} huge pages of the 64 MB buffer: its malloc or kernel already keeps the freed "
+                f"buffer, so there is no effect to show")
+  # The freed buffer's faults, gone: at most a tenth of what the same step faulted without the setting.
+  assert with_setting <= without / 10, (with_setting, without)
 
 
 def _expect(tmp_path, env, plugin=None):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from jobs import sweep
+from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -167,7 +168,7 @@ def test_bad_sweeps_fail_before_running_anything(tmp_path, fake):
 
 
 def _sweep_cli(workdir, *extra):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"))
   env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
   # No dev BLEU (beam-search compiles would double the time; decode/ has its own tests): a shared override.
   command = [sys.executable, "-m", "jobs.sweep", f"--config={ROOT}/experiments/table3.py:smoke",
@@ -181,19 +182,19 @@ def test_table3_smoke_sweep_interrupted_then_finished(tmp_path):
   the rerun skips the first and finishes the second; the table and the plot cover both."""
   out = tmp_path / "table3"
   runner = _sweep_cli(out, "--parallel=1")
-  deadline = time.time() + 150
+  deadline = time.time() + 600   # a guard against a hang, not a speed limit
   while not ((out / "base" / sweep.DONE).exists() and (out / "C_N2" / sweep.STATUS).exists()):
     assert runner.poll() is None and time.time() < deadline, runner.communicate()[0]
     time.sleep(0.1)
   runner.send_signal(signal.SIGTERM)
-  first, _ = runner.communicate(timeout=120)
+  first, _ = runner.communicate(timeout=600)
   assert runner.returncode == 1, first
   assert "interrupted C_N2" in first and "stopped by SIGTERM" in first, first
   assert not (out / "C_N2" / sweep.DONE).exists()
   base_log = (out / "base" / sweep.LOG).read_text()
 
   runner = _sweep_cli(out, "--parallel=2")
-  second, _ = runner.communicate(timeout=150)
+  second, _ = runner.communicate(timeout=600)
   assert runner.returncode == 0, second
   assert "skip base (done)" in second and "start C_N2" in second and "start base" not in second
   assert (out / "base" / sweep.LOG).read_text() == base_log, "the finished trial was not rerun"

@@ -21,6 +21,7 @@ from decode.translate import translate
 from run import config as config_io, metrics as metrics_io, workdir as run_dir
 from run import checkpoint as ckpt
 from train.train import TIMING_KEYS, NonFiniteError, train_and_evaluate
+from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
@@ -38,7 +39,7 @@ def smoke_config(**overrides):
 def trainer(workdir, *overrides, devices=8):
   """Starts `python -m train` on the smoke experiment as a subprocess (its own 8 fake devices)."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
   env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
   flags = [f"--config.{k}={v}" for k, v in QUIET.items()] + [f"--config.{o}" for o in overrides]
   command = [sys.executable, "-m", "train", f"--config={SMOKE}", f"--workdir={workdir}", *flags]
@@ -46,7 +47,7 @@ def trainer(workdir, *overrides, devices=8):
                           stderr=subprocess.STDOUT, text=True)
 
 
-def finish(process, timeout=120):
+def finish(process, timeout=600):   # a guard against a hang, not a speed limit
   try:
     out, _ = process.communicate(timeout=timeout)
   finally:
@@ -102,7 +103,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
   killed.mkdir()
   uninterrupted = trainer(whole, *settings)    # runs alongside the one we kill
   process = trainer(killed, *settings)
-  deadline = time.time() + 120
+  deadline = time.time() + 600   # a guard against a hang, not a speed limit
   while not (killed / "checkpoints" / "12").is_dir() and process.poll() is None and time.time() < deadline:
     time.sleep(0.02)
   process.send_signal(signal.SIGKILL)
@@ -129,7 +130,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   workdir.mkdir()
   process = trainer(workdir, "train.num_steps=100000", "train.log_every=1",
                     "train.checkpoint_every_steps=0", "train.checkpoint_every_minutes=0")
-  deadline = time.time() + 120
+  deadline = time.time() + 600   # a guard against a hang, not a speed limit
   metrics = workdir / "metrics.jsonl"
   while (not metrics.exists() or not metrics.read_text()) and process.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -167,7 +168,7 @@ def test_overrides_and_misspelled_keys(tmp_path):
     smoke_config(**{"train.num_stepz": 3})
   config_io.save_config(config, tmp_path)
   assert config_io.load_run_config(tmp_path).to_dict() == config.to_dict()
-  code, out = finish(trainer(tmp_path / "x", "train.num_stepz=3"), timeout=60)
+  code, out = finish(trainer(tmp_path / "x", "train.num_stepz=3"), timeout=300)
   assert code != 0 and "num_stepz" in out
 
 
