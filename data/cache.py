@@ -135,25 +135,27 @@ def build(data_config, reader, vocab, path: pathlib.Path, split: str, progress: 
   this process assembled them, "parts_s", "assembly_s"}."""
   lock = path.with_name(path.name + ".lock")
   with _locked(lock, f"the token cache of {split}"):
-    meta, problem = checked(path)
-    if problem and path.exists():
-      log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
-      _set_aside(path, problem)
+    problem = _set_aside_if_damaged(path)
   if not problem:
     return {"built": [], "shards": 0, "assembled": False, "parts_s": 0.0, "assembly_s": 0.0}
   made = shards_lib.make_parts(data_config, reader, vocab, path, split, progress)
   start, assembled = time.perf_counter(), False
   with _locked(lock, f"the token cache of {split}"):
-    meta, problem = checked(path)   # another process may have assembled it while we waited
-    if problem:
-      if path.exists():
-        log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
-        _set_aside(path, problem)
+    if _set_aside_if_damaged(path):   # another process may have assembled it while we waited
       assemble(reader, vocab, path, split, made["folder"], made["parts"])
       assembled = True
   shutil.rmtree(made["folder"], ignore_errors=True)   # whole: the shards are no longer needed
   return {"built": made["built"], "shards": made["shards"], "assembled": assembled,
           "parts_s": made["seconds"], "assembly_s": time.perf_counter() - start}
+
+
+def _set_aside_if_damaged(path: pathlib.Path) -> str | None:
+  """checked(path)'s problem, None if the cache is whole; a damaged cache is moved aside first."""
+  _, problem = checked(path)
+  if problem and path.exists():
+    log.info(f"[data] the token cache {path} is damaged ({problem}); making it again")
+    _set_aside(path, problem)
+  return problem
 
 
 def _crc32(path: pathlib.Path) -> int:

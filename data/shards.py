@@ -44,6 +44,7 @@ import fcntl
 import numpy as np
 import tqdm
 
+from data import vocab as vocab_lib
 from data.sources import DataError
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def workers_wanted() -> int:
       raise DataError(f"${WORKERS_ENV}={value!r}: give a number of worker processes (1 or more), or unset it "
                       f"to use one per CPU this process may use")
     return int(value)
-  return len(os.sched_getaffinity(0))
+  return vocab_lib.threads()
 
 
 def _name(k: int) -> str:

@@ -38,9 +38,13 @@ TRAIN_THREADS = 16
 
 
 def threads() -> int:
-  """SentencePiece's encoding threads: the CPUs this process may use (a SLURM task's, a tokenizing
-  worker's one), not the machine's count."""
-  return len(os.sched_getaffinity(0))
+  """The CPUs this process may use (its affinity mask: what SLURM's --cpus-per-task, taskset or a
+  tokenizing worker's pinning gave it), not the machine's count: SentencePiece's encoding threads, and
+  run/devices.usable_cpus for everything else that sizes itself to the process."""
+  try:
+    return len(os.sched_getaffinity(0)) or 1
+  except AttributeError:   # not Linux
+    return os.cpu_count() or 1
 
 
 class Vocab:

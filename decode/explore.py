@@ -248,6 +248,7 @@ class Explorer:
     from data import tasks
     from data.lm import SEP
     from data.vocab import BOS, EOS
+    from decode import DEFAULTS
     from decode.translate import translate
     from run.mesh import make_mesh
     model, vocab, cfg = opened.model, opened.vocab, opened.model.cfg
@@ -261,7 +262,7 @@ class Explorer:
     # One sentence, one device: the same translation as on all of them (tests/test_translate.py), without
     # the filler rows that would give every other device a share.
     common = dict(beam_size=settings.beam_size, alpha=settings.alpha, max_extra_len=settings.max_extra_len,
-                  batch_tokens=int(opened.config.get("decode", {}).get("batch_tokens", 4096)),
+                  batch_tokens=int(opened.config.get("decode", {}).get("batch_tokens", DEFAULTS["batch_tokens"])),
                   source_eos=eos, mesh=make_mesh(jax.local_devices()[:1]))
     with warnings.catch_warnings():   # translate's warning about the truncation is in `notes`
       warnings.simplefilter("ignore")

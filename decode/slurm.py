@@ -49,7 +49,7 @@ class DecodeTask:
 
 
 def submit(command: list[str], job_directory, *, nodes: int = 1, tasks_per_node: int, partition: str | None,
-           time_minutes: int, cpus_per_task: int | None = CPUS_PER_TASK, gpus_per_task: int,
+           time_minutes: int, cpus_per_task: int | None = None, gpus_per_task: int,
            sbatch: list[str]) -> submitit.Job:
   """Submits one SLURM job of `tasks_per_node` tasks on each of `nodes` nodes, each task running
   `command` with `cpus_per_task` CPUs and `gpus_per_task` GPUs of its own; returns submitit's handle."""

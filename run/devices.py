@@ -33,6 +33,8 @@ import os
 import re
 import socket
 
+from data.vocab import threads as usable_cpus   # the CPUs this process may use, not the machine's
+
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"   # one directory per GPU the driver knows
 # SLURM's --cpus-per-task where the user gives none (jobs.submit, jobs.sweep, decode's launcher): enough
 # for a GPU's input pipeline and a cold start's tokenization, and within what 8-GPU nodes offer (32 of
@@ -56,15 +58,6 @@ class Layout:
 def default_cpus_per_task(gpus_per_task: float) -> int:
   """--cpus-per-task for a task that drives `gpus_per_task` GPUs (0: none), when the user gives none."""
   return max(CPUS_WITHOUT_GPU, math.ceil(CPUS_PER_GPU * gpus_per_task))
-
-
-def usable_cpus() -> int:
-  """The CPUs this process may run on (its affinity mask: what SLURM's --cpus-per-task or taskset gave
-  it), not the machine's count."""
-  try:
-    return len(os.sched_getaffinity(0)) or 1
-  except AttributeError:   # not Linux
-    return os.cpu_count() or 1
 
 
 def visible_gpus(env=None, driver_dir: str = NVIDIA_GPUS) -> int | None:

@@ -376,7 +376,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   every = lambda n, step: n and step % n == 0
   last_save_time, last_log_step = time.time(), start_step
   padding, profiler = _Padding(), _Profiler(tc.get("profile_steps", ""), workdir, primary)
-  eval_result, new_best = None, False
+  eval_result = None
   bar = tqdm.tqdm(total=num_steps, initial=start_step, desc="train", disable=not (tc.progress and primary),
                   dynamic_ncols=True)
   step = start_step
