@@ -259,8 +259,13 @@ def test_a_worker_killed_mid_job_then_a_rerun_gives_the_uninterrupted_output(run
   out = tmp_path / "hyp.txt"
   worker = subprocess.Popen(_command(run, long_source, out, "--shard_lines", "4"), env=_env(), cwd=ROOT)
   parts = job_lib.job_dir(out)
-  while not list(parts.glob("part-0000[2-9].txt")):
+  while True:   # stopped (SIGSTOP) where it holds a claim, then killed: no race with a part's end
     assert worker.poll() is None, "the worker ended before it could be killed"
+    if list(parts.glob("part-0000[2-9].txt")):
+      worker.send_signal(signal.SIGSTOP)
+      if list(parts.glob("part-*.claim.*")):
+        break
+      worker.send_signal(signal.SIGCONT)
     time.sleep(0.02)
   worker.send_signal(signal.SIGKILL)
   worker.wait()
