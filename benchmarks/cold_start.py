@@ -1,6 +1,6 @@
 """How long a cold start's data takes as the processes grow: the vocabulary, the shards, the assembly.
 
-    python -m benchmarks.cold_start [--pairs 1000000,2000000] [--processes 1,2] [--cpus_per_process 1]
+    python -m benchmarks.cold_start [--pairs 1000000,8000000] [--processes 1,2] [--cpus_per_process 1]
                                     [--dir DIR] [--project 36000000:16]
 
 For each size, a TSV of that many pairs (the embedded corpus's training pairs, repeated to size, as
@@ -161,7 +161,7 @@ def render(result: dict) -> str:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.cold_start", description=__doc__.split("\n")[0])
-  parser.add_argument("--pairs", default="1000000,2000000", help="comma-separated corpus sizes")
+  parser.add_argument("--pairs", default="1000000,8000000", help="comma-separated corpus sizes")
   parser.add_argument("--processes", default="1,2", help="comma-separated process counts")
   parser.add_argument("--cpus_per_process", type=int, default=1,
                       help="CPUs each process is pinned to (0: not pinned, every CPU of this machine)")
