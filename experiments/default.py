@@ -86,6 +86,7 @@ def get_config(arg=None):
                                    # (0: full logits)
       rng_impl="threefry",         # dropout's PRNG: threefry | rbg | unsafe_rbg (docs/accelerators.md)
       profile_steps="",            # "A-B": a jax.profiler trace of steps A+1..B in RUN/profile
+      profile_python=False,        # the trace also holds every Python call (much bigger, slower to write)
       weight_decay=0.0,
       grad_clip_norm=0.0,          # 0: off
       grad_accum_steps=1,

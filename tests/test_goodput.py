@@ -92,3 +92,17 @@ def test_rbg_dropout_is_deterministic_and_a_resume_cannot_switch_the_prng(tmp_pa
     train_and_evaluate(smoke_config(**{**overrides, "train.rng_impl": "philox"}), tmp_path / "c")
   with pytest.raises(UserError, match="profile_steps='5'"):
     train_and_evaluate(smoke_config(**{**overrides, "train.profile_steps": "5"}), tmp_path / "d")
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_the_python_tracer_is_on_only_when_asked(tmp_path, monkeypatch, python):
+  # The profile of test_rbg_... above ran with the default (off); here the switch must reach the profiler.
+  from train.train import _Profiler
+  started = []
+  monkeypatch.setattr(jax.profiler, "start_trace",
+                      lambda path, create_perfetto_trace, profiler_options: started.append(profiler_options))
+  profiler = _Profiler("3-5", tmp_path, primary=True, python=python)
+  profiler.before(2)
+  assert started == []
+  profiler.before(3)
+  assert [o.python_tracer_level for o in started] == [int(python)]
