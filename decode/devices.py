@@ -26,6 +26,8 @@ import shutil
 import socket
 import subprocess
 
+from run import devices as run_devices
+
 _XLA_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 TPU_PORT = 8476          # the first worker's mesh controller port; worker i gets TPU_PORT + i
 
@@ -37,12 +39,11 @@ def _platforms() -> str:
 def _nvidia_gpus() -> list[str]:
   """The NVIDIA GPUs a process started from here would see: CUDA_VISIBLE_DEVICES's list when it is set,
   else one id per GPU the driver lists (/proc/driver/nvidia/gpus, or `nvidia-smi -L`)."""
-  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-  if visible is not None:
-    return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
-  proc = pathlib.Path("/proc/driver/nvidia/gpus")
-  count = len(list(proc.iterdir())) if proc.is_dir() else 0
-  if not count and shutil.which("nvidia-smi"):
+  ids = run_devices.visible_gpu_ids()
+  if ids is not None and (ids or "CUDA_VISIBLE_DEVICES" in os.environ):
+    return ids
+  count = 0
+  if shutil.which("nvidia-smi"):
     try:
       listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):

@@ -60,22 +60,29 @@ def default_cpus_per_task(gpus_per_task: float) -> int:
   return max(CPUS_WITHOUT_GPU, math.ceil(CPUS_PER_GPU * gpus_per_task))
 
 
-def visible_gpus(env=None, driver_dir: str = NVIDIA_GPUS) -> int | None:
-  """How many NVIDIA GPUs this process can see, without starting CUDA; None when nothing says."""
+def visible_gpu_ids(env=None, driver_dir: str = NVIDIA_GPUS) -> list[str] | None:
+  """The NVIDIA GPUs this process can see, as CUDA_VISIBLE_DEVICES names them (else the driver's count as
+  0..N-1), without starting CUDA; None when nothing says."""
   env = os.environ if env is None else env
   value = env.get("CUDA_VISIBLE_DEVICES")
   if value is not None:
-    count = 0
+    ids = []
     for entry in value.split(","):
       entry = entry.strip()
       if not entry or entry == "NoDevFiles" or entry.startswith("-"):
         break   # CUDA stops enumerating at the first entry that names no device
-      count += 1
-    return count
+      ids.append(entry)
+    return ids
   try:
-    return len(os.listdir(driver_dir))
+    return [str(i) for i in range(len(os.listdir(driver_dir)))]
   except OSError:
     return None
+
+
+def visible_gpus(env=None, driver_dir: str = NVIDIA_GPUS) -> int | None:
+  """How many NVIDIA GPUs this process can see, without starting CUDA; None when nothing says."""
+  ids = visible_gpu_ids(env, driver_dir)
+  return None if ids is None else len(ids)
 
 
 def _expand(spec: str) -> list[int]:

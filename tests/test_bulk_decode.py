@@ -370,6 +370,9 @@ def test_each_worker_sees_only_its_own_gpus_and_too_many_workers_are_refused(mon
   with pytest.raises(ValueError, match=r"^--processes 9 but this host has 8 GPUs \(0,1,2,3,4,5,6,7\): one "
                                        r"worker per device at most; give --processes 8 or fewer$"):
     devices.split(kind, ids, 9)
+  # CUDA stops at the first entry that names no device: the GPUs after a -1 are not this host's to give.
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1,-1,2")
+  assert devices.host_devices() == ("gpu", ["3", "1"])
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")   # the CPU, whatever the host has
   assert devices.host_devices()[0] == "cpu"
 
