@@ -10,8 +10,9 @@ the progress from this directory without loading a model.
 
 Every file is written whole or not at all (a temporary file, then a rename), so a worker killed at any
 moment leaves finished parts, a claim and perhaps a temporary file, never half a part. A part is done
-when its .txt exists. A claim is taken by creating the next generation's file exclusively (O_EXCL):
-of two workers reaching for a part, one gets it. A claim whose holder is gone (its pid has ended, on
+when its .txt exists. A claim is taken by creating the next generation's file exclusively, whole (its
+contents written beside it, then hard-linked to its name, which fails if the name exists): of two
+workers reaching for a part, one gets it. A claim whose holder is gone (its pid has ended, on
 this host; or it has not refreshed the claim's mtime for `stale_after` seconds, on another host) is
 taken again with the next generation. Decoding is deterministic, so a part that two workers translate
 anyway (a holder on another host that was only slow) is written twice with the same bytes.
@@ -188,12 +189,17 @@ class Job:
         continue
       generation = int(claims[-1].name.rsplit(".", 1)[1]) + 1 if claims else 0
       path = self.dir / f"part-{part:05d}.claim.{generation}"
+      # The claim appears whole: written beside it, then hard-linked to its name, which fails if another
+      # worker took this generation first. Created empty and then written, a worker killed in between
+      # left an empty claim that held the part for stale_after seconds.
+      tmp = _unique_tmp(path)
+      tmp.write_text(json.dumps(dict(host=_HOST, pid=os.getpid(), start=_start_time(os.getpid()))))
       try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:   # another worker took this generation first
+        os.link(tmp, path)
+      except FileExistsError:
         continue
-      with os.fdopen(fd, "w") as f:
-        json.dump(dict(host=_HOST, pid=os.getpid(), start=_start_time(os.getpid())), f)
+      finally:
+        _remove(tmp)
       if self.is_done(part) or self.joined():   # finished while we looked (joined: its part is gone)
         _remove(path)
         if self.joined():

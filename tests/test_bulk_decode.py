@@ -173,6 +173,10 @@ def test_each_part_is_claimed_once_and_a_dead_holders_part_again(tmp_path):
   assert job.num_parts == 4
   claims = [job.claim(stale_after=60) for _ in range(4)]
   assert [c.part for c in claims] == [0, 1, 2, 3]
+  # A claim is whole from the moment its name exists (a worker killed while writing one left an empty
+  # claim, which held the part for stale_after seconds), and its temporary file is gone.
+  assert all(json.loads(c.path.read_text())["pid"] == os.getpid() for c in claims)
+  assert not list(job.dir.glob("*.tmp"))
   assert job.claim(stale_after=60) is None          # all held by a live worker (this one)
   claims[1].release()
   assert job.claim(stale_after=60).part == 1        # released, not done: claimed again
@@ -191,6 +195,21 @@ def test_each_part_is_claimed_once_and_a_dead_holders_part_again(tmp_path):
   old = time.time() - 120
   os.utime(claims[3].path, (old, old))
   assert job.claim(stale_after=60).part == 3
+
+
+def test_a_claim_taken_by_another_worker_first_is_left_to_it(tmp_path, monkeypatch):
+  job = _job(tmp_path)
+  link, raced = os.link, []
+
+  def another_worker_first(source, name):
+    if not raced:   # the first name this worker reaches for is taken between its look and its link
+      raced.append(pathlib.Path(name).name)
+      link(source, name)
+      raise FileExistsError(name)
+    link(source, name)
+  monkeypatch.setattr(os, "link", another_worker_first)
+  assert job.claim(stale_after=60).part == 1 and raced == ["part-00000.claim.0"]
+  assert not list(job.dir.glob("*.tmp"))
 
 
 def test_a_finished_job_gives_way_to_another_setting_an_unfinished_one_does_not(tmp_path):
