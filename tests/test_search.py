@@ -25,9 +25,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # loss falling with the step, lowest at learning rate 1e-2; SIGTERM saves checkpoints/STEP and exits 0;
 # a rerun resumes from the last one; model.num_heads=3 fails with exit 1.
 FAKE_TRAINER = textwrap.dedent("""
-    import json, math, os, pathlib, signal, sys, time
+    import fcntl, json, math, os, pathlib, signal, sys, time
     args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
     workdir = pathlib.Path(args["workdir"])
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = open(workdir / "LOCK", "a+")   # held to the end, as python -m train holds its run directory
+    fcntl.flock(lock, fcntl.LOCK_EX)      # (run/workdir.RunLock): a retry waits for a stopped trainer's save
     lr, heads = float(args.get("config.train.learning_rate", 1e-3)), int(args.get("config.model.num_heads", 2))
     steps = int(args.get("config.train.num_steps", 6))
     if heads == 3:
@@ -36,7 +39,6 @@ FAKE_TRAINER = textwrap.dedent("""
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").glob("*"))
     start = saved[-1] if saved else 0
-    workdir.mkdir(parents=True, exist_ok=True)
     old = (workdir / "metrics.jsonl").read_text().splitlines() if (workdir / "metrics.jsonl").exists() else []
     with open(workdir / "metrics.jsonl", "w") as f:
       f.writelines(l + "\\n" for l in old if json.loads(l)["step"] <= start)

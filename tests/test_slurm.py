@@ -96,7 +96,7 @@ def test_sweep_on_slurm(tmp_path):
 
 
 def test_two_task_job_preempted_requeued_and_resumed_exactly(tmp_path):
-  steps = 30
+  steps = 16   # the signal is sent once step 4 is saved: 12 steps of room for it to land before the end
   flags = [f"--config={SMOKE}", "--config.train.progress=False", "--config.train.tensorboard=False",
            "--config.train.test_bleu=False", "--config.train.bleu_every=0", "--config.train.eval_every=0",
            "--config.train.dev_sentences=32", f"--config.train.num_steps={steps}", "--config.train.log_every=2",
