@@ -12,6 +12,12 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One OpenMP/BLAS thread per process (PyTorch's generate in the interop tests, NumPy's BLAS): pytest-xdist
+# already runs a worker per core, and a library that starts a thread per core beside it spins its threads
+# against the other worker's (tests/test_export_translate.py beside a busy core: 63 s with PyTorch's
+# default threads, 42 s with one). The benchmark harness sets its peers' threads itself (--threads).
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+  os.environ.setdefault(_name, "1")
 # The tokenized-corpus cache (data/cache.py) of the tests' throwaway corpora: one folder per session, removed
 # at its end.
 if "AIAYN_DATA_CACHE" not in os.environ:

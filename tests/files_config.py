@@ -1,5 +1,5 @@
 """Helpers shared by tests (not a test module): the data config of a corpus of TSV files, and the
-XLA_FLAGS of a test's subprocess."""
+XLA_FLAGS and environment of a test's subprocess."""
 import os
 
 
@@ -22,3 +22,18 @@ def xla_flags(*flags) -> str:
   compiles the code the test's own process does."""
   cap = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa")]
   return " ".join([*cap, *flags])
+
+
+# What conftest.py sets for the processes the tests start, kept where a test clears JAX's settings.
+_SHARED = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
+def clean_env(**changes) -> dict:
+  """The environment for a subprocess that must not inherit the pytest process's JAX and XLA settings (its
+  8 fake devices, its platform): os.environ without them, but with the tests' shared compilation cache and
+  the suite's instruction-set cap (xla_flags()), then `changes`."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_")) or k in _SHARED}
+  if xla_flags():
+    env["XLA_FLAGS"] = xla_flags()
+  env.update(changes)
+  return env

@@ -23,7 +23,7 @@ import pytest
 from run import checkpoint as ckpt
 from run import metrics as metrics_io
 from train.train import TIMING_KEYS
-from files_config import xla_flags
+from files_config import clean_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
@@ -38,11 +38,7 @@ pytestmark = pytest.mark.slow
 
 def _env(devices: int | None = None) -> dict:
   """A clean environment: no XLA_FLAGS of the pytest process (which forces 8 devices)."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-  env["PYTHONPATH"] = str(ROOT)
-  env["JAX_PLATFORMS"] = "cpu"
-  if xla_flags():   # the suite's instruction-set cap, if it has one
-    env["XLA_FLAGS"] = xla_flags()
+  env = clean_env(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
   if devices:
     env["JAX_NUM_CPU_DEVICES"] = str(devices)
   return env

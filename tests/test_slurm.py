@@ -29,7 +29,7 @@ from run import metrics as metrics_io
 from jobs import slurm
 from test_sweep import HELD_TRAINER, THREE_TRIALS, until
 from train.train import TIMING_KEYS
-from files_config import xla_flags
+from files_config import clean_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMOKE = str(ROOT / "experiments" / "default.py") + ":smoke"
@@ -63,11 +63,7 @@ def slurm_up():
 
 def _env(devices=2) -> dict:
   """The environment of the submitting command, which sbatch passes on to the jobs."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-  env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
-  if xla_flags():   # the suite's instruction-set cap, if it has one
-    env["XLA_FLAGS"] = xla_flags()
-  return env
+  return clean_env(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices))
 
 
 def _run(command, timeout=600):
