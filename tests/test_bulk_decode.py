@@ -17,7 +17,7 @@ import pytest
 
 from decode import job as job_lib
 from decode.__main__ import main as decode_main
-from files_config import xla_flags
+from files_config import clean_env
 from test_translate import corpus, model_and_params, run, vocab  # noqa: F401 - module fixtures
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -247,11 +247,7 @@ def test_join_writes_the_parts_in_input_order_only_when_all_are_done(tmp_path):
 def _env():
   """The suite's environment (its compilation cache included, tests/conftest.py) without its 8 fake devices:
   a worker sees the devices --cpu_devices gives it, under the suite's instruction-set cap."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  if xla_flags():
-    env["XLA_FLAGS"] = xla_flags()
-  return env
+  return clean_env(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
 
 
 def _command(run, source, out, *flags):  # noqa: F811

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from files_config import clean_env
 from jobs import launch, slurm
 from run import devices
 from train import multihost
@@ -36,9 +37,8 @@ def test_launcher_environment_and_failure(tmp_path):
   assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:4321" and env["JAX_PROCESS_ID"] == "1"
   assert env["JAX_NUM_PROCESSES"] == "2" and env["JAX_NUM_CPU_DEVICES"] == "4" and "XLA_FLAGS" not in env
   # Both processes reject a misspelled key: the launcher prefixes their output and exits non-zero.
-  clean = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
   done = subprocess.run([sys.executable, "-m", "jobs.launch", "--processes", "2", "--", "--config.train.num_stepz=3",
-                         f"--workdir={tmp_path}"], cwd=ROOT, env={**clean, "PYTHONPATH": str(ROOT)},
+                         f"--workdir={tmp_path}"], cwd=ROOT, env=clean_env(PYTHONPATH=str(ROOT)),
                         capture_output=True, text=True, timeout=120)
   assert done.returncode != 0 and "[launch] failed" in done.stdout, done.stdout + done.stderr
   assert "[p0]" in done.stdout and "[p1]" in done.stdout and "num_stepz" in done.stdout

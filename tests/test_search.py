@@ -17,6 +17,7 @@ import optuna
 import pytest
 
 from run import metrics as metrics_io
+from files_config import clean_env
 from jobs import search, search_trial, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -261,10 +262,10 @@ def test_study_on_slurm(tmp_path, fake):
     pytest.skip(problem)
   out = tmp_path / "slurm"
   options = search.slurm.SlurmOptions(partition="debug", time_minutes=10)
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+  env = clean_env(FAKE_STEP_SECONDS="1.0")
   old = dict(os.environ)
   os.environ.clear()
-  os.environ.update(env, FAKE_STEP_SECONDS="1.0")   # sbatch passes the submitting environment on
+  os.environ.update(env)   # sbatch passes the submitting environment on
   try:
     counts = search.run_search(fake["config_spec"], out, trials=6, parallel=3, seed=0, trainer=fake["trainer"],
                                start=search.slurm.trial_starter(options), poll_seconds=0.5)
