@@ -244,7 +244,10 @@ def _decode_job(run, args, sampling) -> None:
 
   from decode import bulk, device_batch_tokens
   if args.worker:   # what this worker runs on: its share of the host (decode/devices.py)
-    print(f"[decode] {devices_lib.worker_report(jax.local_devices())}", file=sys.stderr, flush=True)
+    # One write: the workers share the launcher's stderr, and print() writes the text and its newline
+    # separately (unbuffered under PYTHONUNBUFFERED), so two workers' lines could run together.
+    sys.stderr.write(f"[decode] {devices_lib.worker_report(jax.local_devices())}\n")
+    sys.stderr.flush()
   per_device = device_batch_tokens(args.batch_tokens, jax.local_devices()[0].platform)
   shard_lines = args.shard_lines or bulk.default_shard_lines(per_device, args.beam_size)
   scanned = job_lib.scan_input(args.input, shard_lines)
