@@ -309,14 +309,6 @@ def test_the_good_run_reads_and_a_cut_short_last_metrics_line_is_left_out(good_r
   assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 7]
 
 
-@pytest.mark.parametrize("command", ["launch", "submit", "sweep", "search"])
-def test_the_old_train_commands_name_their_new_place(command, tmp_path):
-  # jobs/ took them over; the old name runs nothing and says, in one line, what to type instead.
-  code, lines, stdout = run(f"train.{command}", "--config", SMOKE, "--workdir", str(tmp_path / "w"), cwd=tmp_path)
-  assert_user_error((code, lines, stdout), f"python -m jobs.{command}")
-  assert len(lines) == 1 and stdout == "" and not (tmp_path / "w").exists()
-
-
 def test_a_warning_inside_an_entry_point_reads_as_one_line(capsys):
   with warnings.catch_warnings():
     warnings.simplefilter("always")
