@@ -5,7 +5,7 @@
     echo "the small dog sees a house." | python -m decode --workdir runs/default --input - --output -
 
 A file --input to a file --output is decoded in shards of --shard_lines lines, each written whole into
-OUTPUT.parts/ and joined in input order at the end (docs/decoding.md): the same command run again
+OUTPUT.parts/ and joined in input order at the end (docs/bulk_decoding.md): the same command run again
 takes up where a killed one stopped, and refuses to mix in other settings; several workers (--processes
 K, the same command started K times, or --launcher slurm) share the shards. stdin or stdout: in memory.
 
@@ -113,7 +113,7 @@ def _main(argv) -> None:
                            "may use); translate shares each batch's sentences out over all devices")
   parser.add_argument("--reference", default=None,
                       help="reference translations: print sacreBLEU (and the paper-style BLEU)")
-  bulk = parser.add_argument_group("a file to a file, at any size (docs/decoding.md)")
+  bulk = parser.add_argument_group("a file to a file, at any size (docs/bulk_decoding.md)")
   bulk.add_argument("--shard_lines", type=int, default=None,
                     help="input lines per part: each is translated, and written to OUTPUT.parts/, whole "
                          "(default: 64 batches of the shortest sentences, at least 10,000)")

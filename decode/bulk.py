@@ -24,7 +24,7 @@ BATCHES_PER_SHARD = 64
 def default_shard_lines(batch_tokens: int, beam_size: int) -> int:
   """Lines per part when --shard_lines is not given: at least BATCHES_PER_SHARD batches of the shortest
   bucket. Each part ends every length bucket with a batch that is only partly full; in a shard of 64
-  batches or more these cost about 2% (docs/decoding.md)."""
+  batches or more these cost about 2% (docs/bulk_decoding.md)."""
   rows = pow2_floor(batch_tokens // (bucket_length(1) * beam_size))
   return max(MIN_SHARD_LINES, BATCHES_PER_SHARD * rows)
 
