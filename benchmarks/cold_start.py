@@ -16,7 +16,7 @@ size are checked to be the same bytes whatever the process count.
 Prints a table and the projection for --project PAIRS:PROCESSES from a straight-line fit over the sizes:
 the vocabulary and the assembly are one process's work each (seconds a + b * pairs), the shards are
 shared (core-seconds a pair, from the one-process runs, divided by processes x CPUs). Writes
-benchmarks/results/cold_start.json; docs/data.md quotes it.
+benchmarks/results/cold_start.json; docs/data_at_scale.md quotes it.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ their own: cold (no cache: the vocabulary and the tokenized corpus are made) and
 directory, the cache present). Prints the seconds from the process's start to its first step, its peak
 resident memory, and the source + target tokens per second one process assembles from the warm cache,
 for one process of one and for each of two (every process assembles only its rows). Writes
-benchmarks/results/input_pipeline_scale.json and prints the markdown table docs/data.md shows.
+benchmarks/results/input_pipeline_scale.json and prints the markdown table docs/data_at_scale.md shows.
 
 With --formats: how fast the pairs of a batch are read from ArrayRecord (a record per pair, by index, as
 Grain's and TFDS's data sources read) and from the cache's flat arrays, side by side. Writes
@@ -226,7 +226,7 @@ def scale(args) -> None:
 
 
 def markdown(results, steps: int) -> str:
-  """The table docs/data.md shows."""
+  """The table docs/data_at_scale.md shows."""
   mib = lambda run, key: f"{run[key]:,.0f}" if run and key in run else "-"
   sec = lambda run: f"{run['first_step_s']:.1f}" if run else "-"
   rate = lambda x: f"{x / 1e6:.1f}M"
