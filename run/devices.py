@@ -22,12 +22,20 @@ SLURM_TASKS_PER_NODE); under Open MPI the GPUs a process sees over OMPI_COMM_WOR
 host, TPU_CHIPS_PER_HOST_BOUNDS (or _PER_PROCESS_) chips times the cores each chip shows as a device
 (2 on v2/v3, else 1) where TPU_ACCELERATOR_TYPE is set; an explicit JAX_LOCAL_DEVICE_IDS (JAX reads it
 too) asks for exactly those. The GPUs a process sees: the entries of CUDA_VISIBLE_DEVICES, else the GPUs
-NVIDIA's driver lists in /proc/driver/nvidia/gpus. JAX_PLATFORMS without cuda/gpu means the user chose
-another platform: GPUs are then not expected.
+NVIDIA's driver lists in /proc/driver/nvidia/gpus. JAX_PLATFORMS without cuda/gpu/rocm means the user
+chose another platform: GPUs are then not expected, unless SLURM allocated the job GPUs (SLURM_GPUS_ON_NODE,
+SLURM_STEP_GPUS/SLURM_JOB_GPUS, SLURM_GPUS_PER_NODE, else CUDA_VISIBLE_DEVICES): then the layout's problem
+names the variable (a JAX_PLATFORMS=cpu exported from the login shell would silently train on the CPU).
+jobs.submit refuses the same mistake before the queue (gpu_platform_problem).
+
+CPUs: record() compares the CPUs this process may use (its affinity) with SLURM_CPUS_PER_TASK and logs one
+line when they differ (cpu_problem): from Slurm 22.05 to 23.02 srun did not pass the job's --cpus-per-task
+on, and a task could get one CPU.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -35,12 +43,15 @@ import socket
 
 from data.vocab import threads as usable_cpus   # the CPUs this process may use, not the machine's
 
+log = logging.getLogger(__name__)
+
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"   # one directory per GPU the driver knows
 # SLURM's --cpus-per-task where the user gives none (jobs.submit, jobs.sweep, decode's launcher): enough
 # for a GPU's input pipeline and a cold start's tokenization, and within what 8-GPU nodes offer (32 of
 # 48-128 cores); without a GPU, 2, so that two trials share a small node.
 CPUS_PER_GPU = 4
 CPUS_WITHOUT_GPU = 2
+GPU_PLATFORMS = r"cuda|gpu|rocm"   # JAX_PLATFORMS entries that drive a GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +69,40 @@ class Layout:
 def default_cpus_per_task(gpus_per_task: float) -> int:
   """--cpus-per-task for a task that drives `gpus_per_task` GPUs (0: none), when the user gives none."""
   return max(CPUS_WITHOUT_GPU, math.ceil(CPUS_PER_GPU * gpus_per_task))
+
+
+def _platforms_without_gpu(env) -> str | None:
+  """JAX_PLATFORMS where it names platforms and none that drives a GPU (e.g. 'cpu'), else None."""
+  platforms = env.get("JAX_PLATFORMS", "").strip()
+  return platforms if platforms and not re.search(GPU_PLATFORMS, platforms) else None
+
+
+def gpu_platform_problem(asked: str, env=None) -> str | None:
+  """A sentence where GPUs were asked for (`asked`: who asked, in words, e.g. '--gpus_per_node 8 asks for
+  GPUs') but JAX_PLATFORMS names platforms none of which drives a GPU (e.g. 'cpu'); else None."""
+  platforms = _platforms_without_gpu(os.environ if env is None else env)
+  if platforms is None:
+    return None
+  return (f"{asked}, but JAX_PLATFORMS={platforms} leaves GPUs out, so JAX would run on the CPU: unset "
+          f"JAX_PLATFORMS (or set JAX_PLATFORMS=cuda) where the job starts")
+
+
+def cpu_problem(env=None, usable: int | None = None) -> str | None:
+  """A sentence where this process may use other CPUs than its SLURM job asked for per task
+  (SLURM_CPUS_PER_TASK), else None. usable: the CPUs it may use (default: its affinity, usable_cpus())."""
+  env = os.environ if env is None else env
+  asked = env.get("SLURM_CPUS_PER_TASK", "").strip()
+  if not asked.isdigit():
+    return None
+  usable = usable_cpus() if usable is None else usable
+  if usable == int(asked):
+    return None
+  why = ("srun did not hand the job's --cpus-per-task to the task (Slurm 22.05-23.02 do not pass it on: give "
+         "srun --cpus-per-task or export SRUN_CPUS_PER_TASK; jobs.submit and jobs.sweep do)" if usable < int(asked)
+         else "SLURM does not bind tasks to their CPUs here (no task/affinity or task/cgroup plugin)")
+  return (f"this process may use {usable} CPU{'' if usable == 1 else 's'} (its affinity), but the job asked "
+          f"for {asked} per task (SLURM_CPUS_PER_TASK={asked}): {why}; tokenization and the input pipeline "
+          f"size their threads from the {usable}")
 
 
 def visible_gpu_ids(env=None, driver_dir: str = NVIDIA_GPUS) -> list[str] | None:
@@ -125,9 +170,14 @@ def _slurm_tasks_on_node(env) -> tuple[int, str]:
 
 def _gpu_layout(cluster: str, env, driver_dir, rank: int, tasks: int, tasks_from: str,
                 on_node: int | None, on_node_from: str) -> Layout:
-  platforms = env.get("JAX_PLATFORMS", "")
-  if platforms and not re.search(r"cuda|gpu|rocm", platforms):
-    return Layout(cluster)   # the user chose another platform (e.g. JAX_PLATFORMS=cpu)
+  if _platforms_without_gpu(env):
+    allocated, source = on_node, on_node_from
+    if not allocated and cluster == "slurm" and env.get("CUDA_VISIBLE_DEVICES") is not None:
+      allocated, source = len(visible_gpu_ids(env)), "CUDA_VISIBLE_DEVICES"
+    if not allocated:
+      return Layout(cluster)   # the user chose another platform (e.g. JAX_PLATFORMS=cpu) on a CPU job
+    return Layout(cluster, problem=gpu_platform_problem(f"SLURM gave this job {allocated} GPUs on the node "
+                                                        f"({source}={env[source]})", env))
   visible = visible_gpus(env, driver_dir)
   if visible is None:
     visible = on_node
@@ -184,7 +234,11 @@ def plan(env=None, driver_dir: str = NVIDIA_GPUS) -> Layout:
 
 
 def record(layout: Layout, process: int, local_devices: int, platform: str, device_ids=()) -> dict:
-  """What one process reports about itself (JSON: the processes exchange these)."""
+  """What one process reports about itself (JSON: the processes exchange these). Logs, once per process,
+  a warning where its CPUs differ from the job's (cpu_problem)."""
+  cpus = cpu_problem()
+  if cpus:
+    log.warning(f"[devices] warning: process {process} on {socket.gethostname()}: {cpus}")
   return {"host": socket.gethostname(), "process": process, "devices": local_devices, "platform": platform,
           "ids": list(device_ids), "expected": layout.expected, "asked": layout.asked,
           "problem": layout.problem, "gpu": layout.cluster in ("slurm", "ompi") and layout.expected is not None}
