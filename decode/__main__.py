@@ -91,7 +91,8 @@ def _main(argv) -> None:
   parser.add_argument("--beam_size", type=int, default=None,
                       help="beam width (default: the run's config.decode.beam_size; the paper's is 4)")
   parser.add_argument("--alpha", type=float, default=None,
-                      help="GNMT length penalty (default: config.decode.alpha; the paper's is 0.6)")
+                      help="GNMT length penalty: log-probability / ((5 + length) / 6) ** alpha (Wu et al. "
+                           "2016; not fairseq's --lenpen) (default: config.decode.alpha; the paper's is 0.6)")
   parser.add_argument("--max_extra_len", type=int, default=None,
                       help="at most source length + this many tokens (default: config.decode."
                            "max_extra_len; the paper's is 50)")

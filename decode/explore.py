@@ -511,7 +511,7 @@ def main(argv=None) -> None:
                            f"{MASK_TEXT} for a masked LM); repeat it for more")
   how = parser.add_argument_group("decoding, with --html (the page has them as controls)")
   how.add_argument("--beam_size", type=int, default=None, help="default: the run's config.decode.beam_size")
-  how.add_argument("--alpha", type=float, default=None, help="length penalty (default: config.decode.alpha)")
+  how.add_argument("--alpha", type=float, default=None, help="GNMT length penalty ((5 + length) / 6) ** alpha (default: config.decode.alpha)")
   how.add_argument("--max_extra_len", type=int, default=None, help="default: config.decode.max_extra_len")
   how.add_argument("--temperature", type=float, default=None,
                    help="sample instead of beam search (0: greedy)")

@@ -22,7 +22,8 @@ steps have not been run on these corpora.
 What it changes from the default experiment (each setting's reason: docs/small_corpus.md; the tuning
 runs behind it: docs/small_corpus_results/README.md): pre-norm layers at a peak learning rate of 8e-3;
 12,000 vocabulary pieces; 1,600 steps with :bf16 (1,190 in float32, the same wall-clock); EOS ending every
-source; max_len from the corpus; AdamW weight decay 0.2 and no dropout; beam search with alpha 1.0; a
+source; max_len from the corpus; AdamW weight decay 0.2 and no dropout; beam search with GNMT's length penalty
+((5 + length) / 6) ** alpha at alpha 1.0 (not fairseq's --lenpen 1.0); a
 checkpoint every 50 steps and the average of the last 5.
 """
 from experiments import default
