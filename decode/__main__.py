@@ -28,10 +28,13 @@ from data import tasks
 from decode import DEFAULTS
 from decode import devices as devices_lib
 from decode import job as job_lib
+from decode import slurm_queue
 from decode.progress import Progress
 from run.console import log_to_console
 from run.user_errors import fail, reported
 
+WATCH_SECONDS = 2.0   # how often a launcher polls the job's progress and its workers
+GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 def _read_lines(path: str, what: str) -> list[str]:
   if path == "-":
@@ -250,7 +253,10 @@ def _decode_job(run, args, sampling) -> None:
     sys.stderr.write(f"[decode] {devices_lib.worker_report(jax.local_devices())}\n")
     sys.stderr.flush()
   per_device = device_batch_tokens(args.batch_tokens, jax.local_devices()[0].platform)
-  shard_lines = args.shard_lines or bulk.default_shard_lines(per_device, args.beam_size)
+  shard_lines = args.shard_lines   # a launcher's workers are given the launcher's
+  if shard_lines is None:
+    lines = job_lib.count_lines(args.input, "--input")
+    shard_lines = bulk.shard_lines_for(lines, 1, bulk.default_shard_lines(per_device, args.beam_size))
   scanned = job_lib.scan_input(args.input, shard_lines)
   _check_reference(args, scanned["lines"])
   opened = run.load_run(args.workdir, args.checkpoint)
@@ -258,11 +264,16 @@ def _decode_job(run, args, sampling) -> None:
   job = job_lib.open_job(args.output, bulk.manifest(opened, settings, scanned, pathlib.Path(args.workdir),
                                                     args.checkpoint))
   if not args.worker:
-    print(f"[decode] {job.lines} lines in {job.num_parts} parts of {job.shard_lines} with {args.workdir} "
-          f"step {opened.step}: {job.num_parts - len(job.parts_left())} parts done before", file=sys.stderr)
+    print(f"{bulk.parts_line(job.lines, job.shard_lines, 1, args.shard_lines is not None)}, with "
+          f"{args.workdir} step {opened.step}: {job.num_parts - len(job.parts_left())} parts done before",
+          file=sys.stderr)
   progress = Progress(args.output, enabled=not (args.worker or args.no_progress))
   progress.poll()
-  bulk.work(job, opened, settings, stale_after=args.stale_after, on_part=lambda _: progress.poll())
+  mine = bulk.work(job, opened, settings, stale_after=args.stale_after, on_part=lambda _: progress.poll())
+  if args.worker:   # in one write, as the report above
+    sys.stderr.write(f"[decode] worker pid {os.getpid()} decoded {len(mine)} part{'s' if len(mine) != 1 else ''} "
+                     f"{sorted(s['part'] for s in mine)} ({sum(s['lines'] for s in mine)} lines)\n")
+    sys.stderr.flush()
   summary = progress.summary()
   if not args.worker:
     print(summary, file=sys.stderr)
@@ -272,35 +283,37 @@ def _decode_job(run, args, sampling) -> None:
 def _launch(args, argv) -> None:
   """--processes K workers here, or the K tasks of a SLURM job; shows the job's progress from its
   directory until they end. One worker's death does not stop the others; the parts it held are taken
-  over by those left, or by the next run of the same command."""
-  if args.reference:
-    _check_reference(args, job_lib.count_lines(args.input, "--input"))
+  over by those left, or by the next run of the same command. A launch of the same job that is still
+  running (OUTPUT.parts/launch.json) is watched instead of launched again."""
+  run_config, lines = _check_before_launch(args)
   command = [sys.executable, "-m", "decode", *argv, "--worker", "--processes", "1"]
+  shard_lines = args.shard_lines or _shard_lines(args, run_config, lines)
+  if args.shard_lines is None:   # every worker must make the same parts
+    command += ["--shard_lines", str(shard_lines)]
+  from decode import bulk
+  print(bulk.parts_line(lines, shard_lines, args.processes, args.shard_lines is not None), file=sys.stderr)
+  directory = job_lib.job_dir(args.output)
+  directory.mkdir(parents=True, exist_ok=True)
   progress = Progress(args.output, enabled=not args.no_progress)
+  with job_lib.launch_lock(directory):
+    earlier = _running_launch(args, directory)
+    if earlier is None and args.launcher == "local":
+      workers = _start_workers(args, command)
+      job_lib.record_launch(directory, "local", argv)
+    elif earlier is None:
+      handle = _submit(args, command)
+      job_lib.record_launch(directory, "slurm", argv, job_id=str(handle.job_id))
+  if earlier is not None:
+    _watch(args, earlier, progress)
+    return
   if args.launcher == "local":
-    workers = _start_workers(args, command)
     while any(w.poll() is None for w in workers):
       progress.poll()
-      time.sleep(0.5)
+      time.sleep(WATCH_SECONDS / 4)
     failed = [f"worker {i} (pid {w.pid}): exit status {w.returncode}" for i, w in enumerate(workers)
               if w.returncode != 0]
   else:
-    from decode import slurm
-    job_lib.job_dir(args.output).mkdir(parents=True, exist_ok=True)
-    cpus = args.cpus_per_task or slurm.default_cpus_per_task(args.gpus_per_task)
-    # One CPU device per core the task is given, not per core of the node.
-    command += ["--cpu_devices", str(cpus)]
-    handle = slurm.submit(command, job_lib.job_dir(args.output), nodes=args.nodes,
-                          tasks_per_node=args.processes // args.nodes, partition=args.partition,
-                          time_minutes=args.time, cpus_per_task=cpus, gpus_per_task=args.gpus_per_task,
-                          sbatch=args.sbatch)
-    print(f"[decode] submitted SLURM job {handle.job_id} ({args.processes} tasks on {args.nodes} "
-          f"node{'s' if args.nodes > 1 else ''}); its logs: {job_lib.job_dir(args.output) / slurm.FOLDER}",
-          file=sys.stderr)
-    while not handle.done():
-      progress.poll()
-      time.sleep(2.0)
-    failed = [error for error in map(lambda t: _task_error(handle, t), range(args.processes)) if error]
+    failed = _wait_for_slurm(args, handle, progress)
   summary = progress.summary()
   print(summary, file=sys.stderr)
   if failed and progress.job is not None and progress.job.joined():
@@ -310,6 +323,145 @@ def _launch(args, argv) -> None:
     fail(f"{len(failed)} of {args.processes} workers failed ({'; '.join(failed)[:300]}) and "
          f"{args.output} is not finished: rerun the same command to translate the parts left")
   _score(args)
+
+
+def _check_before_launch(args):
+  """What can be checked before any worker starts or a job waits in the queue: the run (its config,
+  vocabulary and the checkpoint asked for), the input, the reference, that the output's folder is
+  writable, and that GPUs asked for are not excluded by JAX_PLATFORMS. A mistake is one line, and nothing
+  starts. Returns (the run's config, the input's line count)."""
+  import run
+  from run import checkpoint as ckpt
+  try:
+    checkpoint = run.checkpoint_arg(args.checkpoint)
+  except argparse.ArgumentTypeError as error:
+    fail(str(error))
+  run_config = run.load_run_config(args.workdir)
+  if not tasks.translates(run_config.data):
+    fail(f"--input translates, but {args.workdir} was trained with config.data.task="
+         f"{tasks.task_of(run_config.data)!r}")
+  run.load_vocab(args.workdir)
+  directory = ckpt.AVERAGED if checkpoint == "averaged" else ckpt.CHECKPOINTS
+  ckpt.check_readable(pathlib.Path(args.workdir).absolute() / directory)
+  manager = ckpt.make_manager(args.workdir, directory=directory, read_only=True)
+  try:
+    steps = sorted(manager.all_steps())
+  finally:
+    manager.close()
+  where = pathlib.Path(args.workdir) / directory
+  if not steps:
+    fail(f"{where} holds no complete checkpoint: nothing to decode with")
+  if type(checkpoint) is int and checkpoint not in steps:
+    fail(f"{where} has no checkpoint for step {checkpoint}; it has {steps}: pass one of those to "
+         f"--checkpoint, or none for the run's model")
+  lines = job_lib.count_lines(args.input, "--input")
+  _check_reference(args, lines)
+  folder = pathlib.Path(args.output).absolute().parent
+  if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    fail(f"--output {args.output}: its folder {folder} {'is not writable' if folder.is_dir() else 'does not exist'}"
+         f"; give an --output in a folder you can write")
+  _check_platforms(args)
+  return run_config, lines
+
+
+def _check_platforms(args) -> None:
+  """GPUs asked for (--gpus_per_task) while JAX_PLATFORMS, which sbatch passes on to the job, excludes
+  them: the tasks would decode on the CPU. (A local check: run/devices.py has no shared one yet.)"""
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+  if args.launcher != "slurm" or not args.gpus_per_task or not platforms:
+    return
+  if not any(p.strip() in GPU_PLATFORMS for p in platforms.split(",")):
+    fail(f"--gpus_per_task {args.gpus_per_task} asks for GPUs, but JAX_PLATFORMS={platforms} in this shell "
+         f"(sbatch passes it on to the tasks) excludes them: the tasks would decode on the CPU; unset "
+         f"JAX_PLATFORMS, or set JAX_PLATFORMS=cuda")
+
+
+def _shard_lines(args, run_config, lines: int) -> int:
+  """The launcher's part size (decode/bulk.py's shard_lines_for), from the devices a worker will have:
+  a GPU (--gpus_per_task, or this host's for local workers) or a CPU device."""
+  from decode import bulk, device_batch_tokens
+  beam_size = args.beam_size or int(run_config.decode.get("beam_size", DEFAULTS["beam_size"]))
+  batch_tokens = args.batch_tokens
+  if batch_tokens is None:
+    batch_tokens = int(run_config.decode.get("batch_tokens", DEFAULTS["batch_tokens"]))
+  if args.launcher == "slurm":
+    platform = "gpu" if args.gpus_per_task else "cpu"
+  else:
+    platform = devices_lib.host_devices()[0]
+  most = bulk.default_shard_lines(device_batch_tokens(batch_tokens, platform), beam_size)
+  return bulk.shard_lines_for(lines, args.processes, most)
+
+
+def _running_launch(args, directory) -> dict | None:
+  """The record of an earlier launch of this job that still runs: a SLURM job that squeue lists, or a
+  launcher on this host whose process is alive; else None. A squeue that does not answer is not read as
+  the job's end: nothing is submitted (one line naming the job)."""
+  record = job_lib.read_launch(directory)
+  if record is None:
+    return None
+  if record["launcher"] == "slurm":
+    listed = slurm_queue.ask(record["job_id"])
+    if listed is None:
+      fail(f"SLURM does not answer (squeue --jobs {record['job_id']} fails), and job {record['job_id']}, "
+           f"launched {record['time']} for {args.output}, may still be decoding it: nothing submitted; "
+           f"rerun once squeue answers")
+    return record if listed else None
+  # A launcher on another host cannot be asked: workers started here share its parts.
+  return record if job_lib.process_alive(record["host"], record["pid"], record.get("start")) else None
+
+
+def _watch(args, earlier: dict, progress: Progress) -> None:
+  """Follows an earlier launch of this job until it ends, instead of launching again."""
+  what = (f"SLURM job {earlier['job_id']}" if earlier["launcher"] == "slurm" else
+          f"the launcher pid {earlier['pid']} on {earlier['host']}")
+  print(f"[decode] {what}, launched {earlier['time']}, is already decoding {args.output}: watching it "
+        f"instead of launching again (its command: {' '.join(earlier['command'])[:300]})", file=sys.stderr)
+  if earlier["launcher"] == "slurm":
+    queue = slurm_queue.Queue(earlier["job_id"])
+    running = lambda: not queue.ended()  # noqa: E731
+  else:
+    running = lambda: job_lib.process_alive(earlier["host"], earlier["pid"], earlier.get("start"))  # noqa: E731
+  progress.poll()
+  while running() and not (progress.job is not None and progress.job.joined()):
+    time.sleep(WATCH_SECONDS)
+    progress.poll()
+  print(progress.summary(), file=sys.stderr)
+  if progress.job is None or not progress.job.joined():
+    fail(f"{what} has ended and {args.output} is not finished: rerun the same command to translate the "
+         f"parts left")
+  _score(args)
+
+
+def _submit(args, command):
+  """Submits the job's tasks (decode/slurm.py); returns submitit's handle."""
+  from decode import slurm
+  cpus = args.cpus_per_task or slurm.default_cpus_per_task(args.gpus_per_task)
+  # One CPU device per core the task is given, not per core of the node.
+  command = command + ["--cpu_devices", str(cpus)]
+  handle = slurm.submit(command, job_lib.job_dir(args.output), nodes=args.nodes,
+                        tasks_per_node=args.processes // args.nodes, partition=args.partition,
+                        time_minutes=args.time, cpus_per_task=cpus, gpus_per_task=args.gpus_per_task,
+                        sbatch=args.sbatch)
+  print(f"[decode] submitted SLURM job {handle.job_id} ({args.processes} tasks on {args.nodes} "
+        f"node{'s' if args.nodes > 1 else ''}); its logs: {job_lib.job_dir(args.output) / slurm.FOLDER}",
+        file=sys.stderr)
+  return handle
+
+
+def _wait_for_slurm(args, handle, progress: Progress) -> list[str]:
+  """Waits until submitit says the job is done (its tasks' results, or sacct) or squeue no longer lists
+  it (a cluster without accounting, where sacct never says); returns the tasks' errors."""
+  queue = slurm_queue.Queue(handle.job_id)
+  while not handle.done() and not queue.ended():
+    progress.poll()
+    time.sleep(WATCH_SECONDS)
+  failed = [error for error in map(lambda t: _task_error(handle, t), range(args.processes)) if error]
+  if len(failed) == args.processes and all("wrote no result" in error for error in failed):
+    print(f"[decode] SLURM job {handle.job_id} has left the queue and none of its {args.processes} tasks "
+          f"wrote its result: they were killed (the time limit, --time {args.time} minutes; memory; a node), "
+          f"and sacct gives no state for the job (no accounting on this cluster?); their logs: "
+          f"{job_lib.job_dir(args.output) / 'slurm'}", file=sys.stderr)
+  return failed
 
 
 def _start_workers(args, command) -> list[subprocess.Popen]:
@@ -339,6 +491,10 @@ def _start_workers(args, command) -> list[subprocess.Popen]:
 
 
 def _task_error(handle, task: int) -> str | None:
+  """What a finished task of the SLURM job failed with, or None. A task without a result file was killed
+  (submitit's result() would wait for sacct, which may never answer)."""
+  if not handle.task(task).paths.result_pickle.exists():
+    return f"task {task}: wrote no result (killed?)"
   try:
     handle.task(task).result()
   except Exception as error:  # noqa: BLE001 - submitit raises what the task raised, or its own errors

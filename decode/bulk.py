@@ -29,6 +29,35 @@ def default_shard_lines(batch_tokens: int, beam_size: int) -> int:
   return max(MIN_SHARD_LINES, BATCHES_PER_SHARD * rows)
 
 
+def shard_lines_for(lines: int, workers: int, most: int) -> int:
+  """Lines per part for an input of `lines` lines shared by `workers` workers, when --shard_lines is not
+  given. `most` (default_shard_lines) is the part size at which partial batches cost little; an input
+  that gives fewer parts than workers at that size is cut finer, down to one line a part, so that every
+  worker gets parts wherever the input has enough lines: idle devices cost more than partial batches.
+  The part count is rounded up to a multiple of the workers, so that the last round keeps all of them
+  busy. E.g. 16 workers, beam 4 on GPUs (most 131,072): 100,000 lines -> 16 parts of 6,250; 2.1M lines
+  -> 32 parts of 65,625."""
+  if lines < 1:
+    return most
+  rounds = -(-(-(-lines // most)) // workers)             # ceil(ceil(lines / most) / workers)
+  parts = min(lines, rounds * workers)
+  shard_lines = -(-lines // parts)                          # <= most, since parts >= lines / most
+  if -(-lines // shard_lines) < min(parts, workers):        # e.g. 9 lines, 4 workers: 3 parts of 3
+    shard_lines = lines // parts                            # 5 parts of 2
+  return shard_lines
+
+
+def parts_line(lines: int, shard_lines: int, workers: int, given: bool) -> str:
+  """The log line that states a job's part size and count, and what each worker gets."""
+  parts = -(-lines // shard_lines) if lines else 0
+  why = "--shard_lines" if given else "sized for the input and the workers"
+  line = (f"[decode] {lines} lines in {parts} part{'s' if parts != 1 else ''} of {shard_lines} lines "
+          f"({why}) for {workers} worker{'s' if workers != 1 else ''}")
+  if parts < workers:
+    line += f": {workers - parts} worker{'s' if workers - parts != 1 else ''} will have no part to decode"
+  return line
+
+
 def manifest(opened, settings: dict, scanned: dict, workdir, checkpoint) -> dict:
   """What a job's output depends on: the input (decode/job.py's scan_input), the run and its
   checkpoint, and every decoding setting (settings: translate's keyword arguments)."""

@@ -4,6 +4,8 @@
     OUTPUT.parts/part-00007.txt     the output of input lines [7 * shard_lines, 8 * shard_lines), whole
     OUTPUT.parts/part-00007.json    its statistics (lines, target tokens, seconds), for the progress bar
     OUTPUT.parts/part-00007.claim.2 a worker's claim on part 7 (the 3rd one): host, pid, its start time
+    OUTPUT.parts/launch.json        the last launch (--processes K, --launcher slurm): its host, pid, start
+                                    time, command and SLURM job id, so that a second launch watches it
 
 Nothing here imports JAX: decode/bulk.py translates the parts, and a launcher (`--processes K`) reads
 the progress from this directory without loading a model.
@@ -35,6 +37,8 @@ from run.workdir import write_atomically
 MANIFEST = "manifest.json"
 DONE = "done.json"           # written after the join: the output's size and lines
 JOIN_LOCK = "join.lock"
+LAUNCH = "launch.json"       # the last launcher's record (record_launch)
+LAUNCH_LOCK = "launch.lock"  # held while a launcher looks for a running launch and starts its own
 FORMAT = 1                   # of the manifest and the part files
 _HOST = socket.gethostname()
 _HAS_PROC = os.path.isdir("/proc/self")
@@ -311,6 +315,41 @@ def open_job(output, manifest: dict) -> Job:
         + f": rerun it with the same settings to finish it, or give another --output, or delete "
           f"{directory} to start over")
   return Job(output, existing)
+
+
+@contextlib.contextmanager
+def launch_lock(directory):
+  """Held (flock) while a launcher reads the last launch and starts or submits its own: of two launches
+  of one job at once, the second finds the first's record."""
+  with open(pathlib.Path(directory) / LAUNCH_LOCK, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
+def record_launch(directory, launcher: str, command: list[str], job_id: str | None = None) -> dict:
+  """Writes OUTPUT.parts/launch.json: this launcher process, its command and SLURM job id."""
+  record = dict(launcher=launcher, job_id=job_id, host=_HOST, pid=os.getpid(), start=_start_time(os.getpid()),
+                command=command, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+  _write_whole(pathlib.Path(directory) / LAUNCH, json.dumps(record) + "\n")
+  return record
+
+
+def read_launch(directory) -> dict | None:
+  """The last launch's record, or None (none yet, or damaged)."""
+  try:
+    return json.loads((pathlib.Path(directory) / LAUNCH).read_text())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+def process_alive(host: str, pid: int, start) -> bool | None:
+  """Whether process `pid` (started at `start`, clock ticks since boot) still runs; None for a process
+  on another host, which cannot be asked."""
+  if host != _HOST:
+    return None
+  if _HAS_PROC:
+    return start is not None and _start_time(pid) == start
+  return _pid_exists(pid)
 
 
 def holder_alive(claim: pathlib.Path, stale_after: float) -> bool:
