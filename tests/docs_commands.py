@@ -1,5 +1,5 @@
-"""The commands that README.md, REPRODUCING.md and docs/*.md show, read out of their code blocks (a helper of
-tests/test_docs_commands.py, not a test module).
+"""The commands that README.md, REPRODUCING.md and the pages under docs/ show, read out of their code blocks
+(a helper of tests/test_docs_commands.py, not a test module).
 
 A command is a `python -m MODULE ...` or `python scripts/NAME.py ...` of this repository, written in a
 fenced code block (```bash, ```sh, ```shell, ```console or unlabelled) or an indented (4-space) block, with
@@ -22,8 +22,9 @@ PYTHON = re.compile(r"^(python3?|\.venv/bin/python|uv run python|\$PYTHON)$")
 
 
 def doc_files() -> list[pathlib.Path]:
-  """README.md, REPRODUCING.md and docs/*.md, in that order."""
-  return [ROOT / "README.md", ROOT / "REPRODUCING.md", *sorted((ROOT / "docs").glob("*.md"))]
+  """README.md, REPRODUCING.md and every page under docs/ (the results folders' READMEs too), in that
+  order."""
+  return [ROOT / "README.md", ROOT / "REPRODUCING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 @dataclasses.dataclass

@@ -1,5 +1,5 @@
-"""Every command that README.md, REPRODUCING.md and docs/*.md show is checked against the code, without
-running it (tests/docs_commands.py reads them out of the code blocks):
+"""Every command that README.md, REPRODUCING.md and the pages under docs/ show is checked against the code,
+without running it (tests/docs_commands.py reads them out of the code blocks):
 
 - each `--config.KEY=VALUE` is applied, with experiments.apply_overrides as `python -m train` applies it,
   to the experiment its `--config FILE[:ARG]` names (experiments/default.py where none is given), loaded
@@ -15,7 +15,8 @@ A failure names the file and line of the command, and the key or flag. Placehold
 `table3.py:cpu,corpus=DIR`) falls back to the experiment's smoke variant, and a shell variable in the
 experiment's name (`experiments/${run#*:}.py:$size`) checks every file and ARG it can stand for.
 Also checked: every `--config.SECTION.KEY` the documents mention anywhere, in prose too, is a key of at
-least one shipped experiment.
+least one shipped experiment; README.md stays within 200 lines and every other page within 250; CI
+(.ci/run) runs the README's install and test commands.
 """
 from __future__ import annotations
 
@@ -232,6 +233,29 @@ def test_every_config_key_the_documents_mention_is_one_a_shipped_experiment_decl
           failures.append(f"{path.relative_to(ROOT)}:{number}: --config.{key}: no shipped experiment "
                           f"declares it")
   assert not failures, "\n".join(failures)
+
+
+README_MOST_LINES = 200   # a newcomer reads it in one sitting; details go to docs/
+PAGE_MOST_LINES = 250     # past that a page is split by topic
+
+
+def test_the_readme_and_every_docs_page_stay_short():
+  """README.md within 200 lines, REPRODUCING.md and every page under docs/ (results READMEs included)
+  within 250: a page that grows past it is split by topic, not left to grow."""
+  sizes = {path: len(path.read_text().splitlines())
+           for path in [ROOT / "README.md", ROOT / "REPRODUCING.md", *sorted((ROOT / "docs").rglob("*.md"))]}
+  limit = lambda path: README_MOST_LINES if path == ROOT / "README.md" else PAGE_MOST_LINES
+  too_long = [f"{path.relative_to(ROOT)}: {n} lines, more than {limit(path)}"
+              for path, n in sizes.items() if n > limit(path)]
+  assert len(sizes) > 30 and not too_long, "\n".join(too_long) or len(sizes)
+
+
+def test_ci_runs_the_readmes_install_and_test_commands():
+  """What the README tells a newcomer to run is what CI runs (.ci/run: the install, then the suite)."""
+  readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+  assert "pip install -e '.[test,interop]' -c constraints.txt" in readme
+  assert "pip install -q -e '.[test,interop]' -c constraints.txt" in ci   # the same, quietly
+  assert "python -m pytest -q -n auto" in readme and "python -m pytest -q -n auto" in ci
 
 
 def test_the_checker_names_the_file_line_and_the_unknown_key_or_flag(tmp_path):
