@@ -13,7 +13,6 @@ returns the overrides (other keys may be derived from the sampled ones):
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import inspect
 import json
@@ -27,7 +26,7 @@ import experiments
 from run import metrics as metrics_io
 from run.user_errors import UserError
 from run.workdir import RunDirLocked, RunLock
-from jobs import slurm, sweep
+from jobs import slurm, sweep, sweep_trial
 
 # --metric: the metrics.jsonl key each evaluation writes, and which way is better. dev_nll is the dev loss
 # without label smoothing (comparable across label_smoothing values; per target token, so not across
@@ -145,18 +144,13 @@ def last_line(path: pathlib.Path) -> str:
 # ------------------------------------------------------------------------------------------------------
 # Starting and stopping a trainer.
 # ------------------------------------------------------------------------------------------------------
-def _die_with_parent():
-  """In the child, before exec: SIGTERM when the thread that started it dies (prctl PR_SET_PDEATHSIG),
-  so that a worker killed outright leaves no trainer behind; the trainer saves a checkpoint first."""
-  try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-  except (OSError, AttributeError):   # not Linux: the trainer outlives a killed worker
-    pass
-
-
-def start_local(command, trial_dir, log) -> subprocess.Popen:
-  _wait_unlocked(pathlib.Path(trial_dir))
-  return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+def start_local(command, trial_dir, log):
+  """The trial's trainer under jobs.sweep_trial in a session of its own, as a sweep's (a worker killed or
+  hung up leaves it running, and the retry of its trial watches it instead of starting it again); or a
+  handle on the one an earlier worker left running."""
+  if sweep_trial.holder(trial_dir) is None:
+    _wait_unlocked(pathlib.Path(trial_dir))
+  return sweep.start_local(command, trial_dir, log)
 
 
 def terminate(process) -> None:
@@ -206,9 +200,10 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
   log = open(trial_dir / sweep.LOG, "a")
   log.write(f"\n$ {' '.join(command)}\n")
   log.flush()
-  began = time.time()
+  began, before = time.time(), sweep.read_status(trial_dir).get("seconds", 0.0)
   process = start(command, trial_dir, log)
-  sweep.write_status(trial_dir, status="running", overrides=overrides, command=command, pid=process.pid,
+  sweep.write_status(trial_dir, status="running", returncode=None, overrides=overrides, command=command,
+                     pid=process.pid,
                      optuna_trial=trial.number, worker=trial.user_attrs.get("worker"))
   reported, pruned, interrupted = set(), False, False
   try:
@@ -234,7 +229,7 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
       terminate(process)
       process.wait()
     log.close()
-  seconds = sweep.read_status(trial_dir).get("seconds", 0.0) + time.time() - (
+  seconds = before + time.time() - (   # not the status's: the trial process may have added its own
       getattr(process, "started", None) or began)
   values = dev_values(trial_dir, key)
   step, value = values[-1] if values else (0, None)

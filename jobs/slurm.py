@@ -6,10 +6,13 @@
 
 Every task of a job runs `python -m train FLAGS` (submitit starts one task per --tasks_per_node on each
 node with srun); with more than one task, JAX recognises the SLURM job and the tasks train together
-(train/multihost.py). SLURM does the queueing. Time limit and preemption: submitit asks SLURM for SIGUSR2
-90 s before the end; task 0 then sends SIGTERM to its trainer, every process of the run saves the same
-step, and submitit requeues the job, which resumes from that checkpoint exactly. A job that SLURM itself
-stops with SIGTERM (preemption in REQUEUE mode) saves the same way and resumes when SLURM restarts it.
+(train/multihost.py). SLURM does the queueing. Before anything is queued, jobs/preflight.py checks the
+trainer's flags, config, data, init checkpoint, run directory and JAX_PLATFORMS; a mistake is refused in
+one line. Time limit and preemption: submitit asks SLURM for SIGUSR2 --save_window seconds (default 120)
+before the end; task 0 then sends SIGTERM to its trainer, every process of the run saves the same step
+(a dev evaluation in progress is cut short), and submitit requeues the job, which resumes from that
+checkpoint. A job that SLURM itself stops with SIGTERM (preemption in REQUEUE mode) saves the same way and
+resumes when SLURM restarts it. The job's srun gives each task --cpus_per_task CPUs on every Slurm version.
 submitit's own logs and every task's output: WORKDIR/slurm/<job id>_<task>_log.{out,err}.
 """
 from __future__ import annotations
@@ -25,7 +28,8 @@ import time
 
 import submitit
 
-from run import devices
+from jobs import preflight
+from run import devices, user_errors
 
 FOLDER = "slurm"              # in the run directory: submitit's files and the tasks' logs
 JOB_FILE = "slurm_job.txt"    # in the run directory: the id of the last job submitted for it
@@ -45,6 +49,15 @@ class SlurmOptions:
   time_minutes: int = 60
   sbatch: tuple = ()            # extra #SBATCH options: "account=abc", "qos=high", "exclusive"
   max_requeues: int = 3         # time-limit requeues before giving up (preemptions are not counted)
+  save_window: int = 120        # seconds between SLURM's warning signal and its kill (SAVE_WINDOW)
+
+
+# The default --save_window: what a job has, from SLURM's warning to its kill, to finish the step or the
+# dev-evaluation batch in flight, save and exit. The slowest save measured, the paper's big model (params
+# and Adam's moments, 2.57 GB in float32) on a 2-core machine's local disk, took 26 s, and a save may
+# first wait for a periodic one still being written (seen: 11 s): 120 s covers both on a file system at
+# half that speed.
+SAVE_WINDOW = 120
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -63,18 +76,27 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc --sbatch exclusive (repeatable)")
   group.add_argument("--max_requeues", type=int, default=3, help="requeues after hitting the time limit")
+  group.add_argument("--save_window", type=int, default=SAVE_WINDOW, metavar="SECONDS",
+                     help=f"seconds before the time limit at which SLURM warns the job, which then saves "
+                          f"and is requeued (default {SAVE_WINDOW}: the slowest save measured, the big "
+                          f"model's 2.57 GB in 26 s, with room for a periodic save still in flight; raise it "
+                          f"for a slow file system)")
 
 
 def options_from(args: argparse.Namespace) -> SlurmOptions:
-  for name in ("nodes", "tasks_per_node", "time", "cpus_per_task"):
+  for name in ("nodes", "tasks_per_node", "time", "cpus_per_task", "save_window"):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+  if args.save_window >= 60 * args.time:
+    raise ValueError(f"--save_window {args.save_window} s leaves nothing of --time {args.time} minutes: give a "
+                     f"longer --time or a shorter --save_window")
   for option in args.sbatch:
     if not option or option.startswith("-"):
       raise ValueError(f"--sbatch {option!r}: give KEY=VALUE or KEY without dashes, e.g. account=abc")
   return SlurmOptions(partition=args.partition, nodes=args.nodes, tasks_per_node=args.tasks_per_node,
                       gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
-                      time_minutes=args.time, sbatch=tuple(args.sbatch), max_requeues=args.max_requeues)
+                      time_minutes=args.time, sbatch=tuple(args.sbatch), max_requeues=args.max_requeues,
+                      save_window=args.save_window)
 
 
 def cpus_per_task(options: SlurmOptions) -> int:
@@ -94,7 +116,12 @@ def _executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submiti
     parameters["partition"] = options.partition
   if options.gpus_per_node:
     parameters["gpus_per_node"] = options.gpus_per_node
-  parameters["cpus_per_task"] = cpus_per_task(options)
+  # From Slurm 22.05 to 23.02 srun does not pass the job's --cpus-per-task on to its tasks (a task may
+  # get one CPU): the job's srun asks for them itself, and SRUN_CPUS_PER_TASK (srun's own variable, read
+  # since 22.05) gives them to any other srun in the job.
+  cpus = cpus_per_task(options)
+  parameters.update(cpus_per_task=cpus, srun_args=[f"--cpus-per-task={cpus}"],
+                    setup=[f"export SRUN_CPUS_PER_TASK={cpus}"], signal_delay_s=options.save_window)
   executor.update_parameters(**parameters)
   return executor
 
@@ -112,8 +139,10 @@ class TrainTask(submitit.helpers.Checkpointable):
 
   def __call__(self) -> int:
     start = time.time()
+    # Its output goes to a log file: a progress line every 30 s, not ten a second (TQDM_MININTERVAL).
+    env = {**os.environ, "TQDM_MININTERVAL": os.environ.get("TQDM_MININTERVAL", "30")}
     self._child = subprocess.Popen(
-        self.command, cwd=self.cwd,
+        self.command, cwd=self.cwd, env=env,
         preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
     while self._child.poll() is None:   # poll, not wait: `checkpoint` may run in a signal handler
       time.sleep(0.5)
@@ -161,33 +190,145 @@ def submit(command: list[str], workdir, options: SlurmOptions, name: str, on_suc
   return job
 
 
-def job_state(job_id: str) -> str:
-  """SLURM's state of a job ('RUNNING', 'COMPLETED', 'FAILED', ...; 'UNKNOWN' once SLURM forgot it).
+# ------------------------------------------------------------------------------------------------------
+# SLURM's state of jobs: asked, never guessed. A squeue or sacct call that fails or times out is tried
+# again with backoff, then raises NotAnswering; callers wait and say so (once a minute), and never read
+# a silence as a job's end.
+# ------------------------------------------------------------------------------------------------------
+ENDED = "ENDED"            # SLURM answered: not in its queue, and no accounting record says more
+QUERY_TIMEOUT = 60.0       # seconds one squeue or sacct call may take
+BACKOFF = (2.0, 8.0, 30.0)  # seconds before each retry of a failed call
+REPORT_EVERY = 60.0        # "SLURM not answering since ..." at most this often
+TICK = 15.0                # seconds between a sweep's looks at its jobs: one squeue call for all of them
+# What squeue and sacct print when they did answer, with a non-zero exit: the id is not (or no longer)
+# known; this cluster keeps no accounting.
+_ANSWERED = ("Invalid job id specified", "accounting storage is disabled")
 
-  Asks squeue, which knows finished jobs for MinJobAge seconds (so this works without accounting), then
-  sacct, which knows them for as long as the cluster keeps its accounting.
-  """
-  for command in (["squeue", "-h", "-j", str(job_id), "-o", "%T", "--states=all"],
-                  ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"]):
+
+class NotAnswering(RuntimeError):
+  """squeue or sacct failed or timed out on every try: what SLURM knows of the jobs is not known."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+  """What SLURM said of one job: its state ('RUNNING', 'COMPLETED', ..., ENDED) and node list."""
+  state: str
+  nodes: str = ""
+
+  @property
+  def alive(self) -> bool:
+    return self.state in _ALIVE
+
+
+def _ask(command: list[str]) -> str:
+  """The output of a squeue or sacct call, tried again after each pause of BACKOFF; NotAnswering if the
+  last try failed too."""
+  problem = ""
+  for pause in (0.0, *BACKOFF):
+    time.sleep(pause)
     try:
-      done = subprocess.run(command, text=True, capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+      done = subprocess.run(command, text=True, capture_output=True, timeout=QUERY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+      problem = f"timed out after {QUERY_TIMEOUT:.0f} s"
       continue
-    out = done.stdout.split() if done.returncode == 0 else []
-    if out:
-      return out[0]   # sacct: 'CANCELLED by 0' -> 'CANCELLED'
-  return "UNKNOWN"
+    except OSError as error:
+      problem = str(error)
+      continue
+    if done.returncode == 0:
+      return done.stdout
+    if any(answer in done.stderr for answer in _ANSWERED):
+      return ""
+    problem = f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
+  raise NotAnswering(f"`{command[0]}` {problem}")
+
+
+def query(job_ids) -> dict[str, JobInfo]:
+  """{job id: JobInfo} for every id: one squeue call for all of them (it knows finished jobs for
+  MinJobAge seconds, so this works without accounting), then one sacct call for those squeue no longer
+  lists; ENDED for a job neither knows. Raises NotAnswering when SLURM does not answer."""
+  ids = sorted({str(i) for i in job_ids})
+  if not ids:
+    return {}
+  found = {}
+  for line in _ask(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %N", "--states=all"]).splitlines():
+    fields = line.split()
+    if len(fields) >= 2 and fields[0] in ids:
+      found[fields[0]] = JobInfo(fields[1], " ".join(fields[2:]))
+  forgotten = [i for i in ids if i not in found]
+  if forgotten:
+    out = _ask(["sacct", "-n", "-X", "-P", "-j", ",".join(forgotten), "-o", "JobID,State,NodeList"])
+    for line in out.splitlines():   # a requeued job has a line per start: the last one counts
+      job_id, _, rest = line.partition("|")
+      state, _, nodes = rest.partition("|")
+      if job_id in forgotten and state.split():
+        found[job_id] = JobInfo(state.split()[0], "" if nodes == "None assigned" else nodes)  # 'CANCELLED by 0'
+  return {i: found.get(i, JobInfo(ENDED)) for i in ids}
+
+
+class Silence:
+  """Since when SLURM has not answered; says so through `say` at most once every REPORT_EVERY seconds."""
+
+  def __init__(self, say=None):
+    self.say = say or (lambda text: print(f"[slurm] {text}", file=sys.stderr, flush=True))
+    self.since, self.said = None, None
+
+  def failed(self, error: NotAnswering) -> None:
+    now = time.time()
+    self.since = self.since or now
+    if self.said is None or now - self.said >= REPORT_EVERY:
+      self.say(f"SLURM not answering since {time.strftime('%H:%M', time.localtime(self.since))} ({error}); "
+               f"its jobs are taken to be as they were, nothing is submitted again until it answers")
+      self.said = now
+
+  def answered(self) -> None:
+    if self.since is not None:
+      self.say(f"SLURM answers again (silent since {time.strftime('%H:%M', time.localtime(self.since))})")
+    self.since, self.said = None, None
+
+
+def patiently(ask, silence: Silence | None = None):
+  """ask() until SLURM answers it, saying meanwhile (once a minute) since when it has not."""
+  silence = silence or Silence()
+  while True:
+    try:
+      answer = ask()
+    except NotAnswering as error:
+      silence.failed(error)
+      time.sleep(BACKOFF[-1])
+      continue
+    silence.answered()
+    return answer
+
+
+def job_state(job_id: str) -> str:
+  """SLURM's state of a job ('RUNNING', 'COMPLETED', ...; ENDED once SLURM forgot it). Raises
+  NotAnswering when SLURM does not answer."""
+  return query([job_id])[str(job_id)].state
 
 
 def alive(job_id: str) -> bool:
-  return job_state(job_id) in _ALIVE
+  """True while SLURM says the job is queued or running; raises NotAnswering when SLURM does not answer."""
+  return JobInfo(job_state(job_id)).alive
 
 
-def recorded_job(workdir) -> str | None:
-  """The id in workdir/slurm_job.txt if that job is still queued or running, else None."""
-  path = pathlib.Path(workdir) / JOB_FILE
-  job_id = path.read_text().strip() if path.exists() else ""
-  return job_id if job_id and alive(job_id) else None
+def recorded_jobs(workdir) -> list[str]:
+  """Every job ever submitted for workdir (slurm_jobs.txt, and slurm_job.txt), oldest first."""
+  ids = []
+  for name in (JOBS_FILE, JOB_FILE):
+    path = pathlib.Path(workdir) / name
+    ids += [i for i in (path.read_text().split() if path.exists() else []) if i not in ids]
+  return ids
+
+
+def recorded_job(workdir, silence: Silence | None = None) -> str | None:
+  """The newest job recorded for workdir that SLURM says is still queued or running; None only once SLURM
+  said that every job ever submitted for it has ended. Waits while SLURM does not answer."""
+  ids = recorded_jobs(workdir)
+  if not ids:
+    return None
+  answer = patiently(lambda: query(ids), silence)
+  living = [i for i in ids if answer[i].alive]
+  return living[-1] if living else None
 
 
 def task_log(workdir, job_id: str, task: int = 0) -> pathlib.Path:
@@ -195,37 +336,83 @@ def task_log(workdir, job_id: str, task: int = 0) -> pathlib.Path:
 
 
 def wait(job_id: str, poll_seconds: float = 2.0, timeout: float | None = None) -> str:
-  """Blocks until the job left the queue; returns its final state."""
+  """Blocks until SLURM says the job left the queue; returns its final state."""
   deadline = None if timeout is None else time.time() + timeout
+  silence = Silence()
   while True:
-    state = job_state(job_id)
-    if state not in _ALIVE:
+    state = patiently(lambda: job_state(job_id), silence)
+    if not JobInfo(state).alive:
       return state
     if deadline is not None and time.time() > deadline:
       raise TimeoutError(f"SLURM job {job_id} still {state} after {timeout} s")
     time.sleep(poll_seconds)
 
 
-class SlurmTrial:
-  """A sweep trial's SLURM job, looking like the subprocess.Popen the local runner watches."""
+class Poller:
+  """SLURM's state of every job a sweep watches, from one squeue call per tick for all of them (and one
+  sacct call for the jobs squeue forgot). A tick ends when a job's state is asked for a second time (the
+  sweep polls each of its trials once a tick) and at least `every` seconds have passed. While SLURM does
+  not answer, the last answer stands and the silence is reported (Silence)."""
 
-  def __init__(self, job_id: str, trial_dir: pathlib.Path, log):
-    self.job_id, self.dir, self.log = job_id, trial_dir, log
+  def __init__(self, every: float = 5.0, say=None):
+    self.every, self.silence = every, Silence(say)
+    self.watched, self.answer, self.read = set(), {}, set()
+    self.asked = None
+
+  def watch(self, job_id: str) -> None:
+    self.watched.add(str(job_id))
+
+  def forget(self, job_id: str) -> None:
+    self.watched.discard(str(job_id))
+
+  def state(self, job_id: str) -> JobInfo | None:
+    """The job's state at the latest answer; None if SLURM has not yet answered for it."""
+    job_id = str(job_id)
+    due = self.asked is None or time.monotonic() - self.asked >= self.every
+    if due and (job_id in self.read or job_id not in self.answer):
+      self.refresh()
+    self.read.add(job_id)
+    return self.answer.get(job_id)
+
+  def refresh(self) -> None:
+    self.asked, self.read = time.monotonic(), set()
+    try:
+      self.answer = {**self.answer, **query(self.watched)}
+    except NotAnswering as error:
+      self.silence.failed(error)
+      return
+    self.silence.answered()
+
+
+class SlurmTrial:
+  """A sweep trial's SLURM job, looking like the subprocess.Popen the local runner watches. A poll that
+  SLURM does not answer leaves it running: only SLURM's word ends it."""
+
+  def __init__(self, job_id: str, trial_dir: pathlib.Path, log, poller: Poller | None = None):
+    self.job_id, self.dir, self.log = str(job_id), trial_dir, log
+    self.poller = poller or Poller(every=0.0)
+    self.poller.watch(self.job_id)
     self.pid = f"slurm:{job_id}"
     self.returncode = None
     self.started = None     # time.time() when the job was first seen running: its wall-clock starts there
+    self.nodes = ""
 
   def poll(self):
     if self.returncode is None:
-      state = job_state(self.job_id)
-      if state == "RUNNING" and self.started is None:
+      info = self.poller.state(self.job_id)
+      if info is None:   # not answered yet
+        return None
+      self.nodes = info.nodes or self.nodes
+      if info.state == "RUNNING" and self.started is None:
         self.started = time.time()
-      if state not in _ALIVE:
+      if not info.alive:
+        self.poller.forget(self.job_id)
         out = task_log(self.dir, self.job_id)
         if out.exists():
           self.log.write(out.read_text(errors="replace"))
-          self.log.flush()
-        self.returncode = 0 if state == "COMPLETED" else 1
+        self.log.write(f"[sweep] SLURM job {self.job_id}: {info.state}\n")
+        self.log.flush()
+        self.returncode = 0 if info.state == "COMPLETED" else 1
     return self.returncode
 
   def send_signal(self, sig) -> None:
@@ -233,6 +420,7 @@ class SlurmTrial:
     rerunning the sweep watches it again."""
     if self.returncode is None:
       self.returncode = 1
+      self.poller.forget(self.job_id)
       self.log.write(f"[sweep] stopped watching SLURM job {self.job_id}; it goes on\n")
       self.log.flush()
 
@@ -240,13 +428,16 @@ class SlurmTrial:
     return self.returncode
 
 
-def trial_starter(options: SlurmOptions, on_success=None):
-  """For jobs.sweep.run_sweep: start(command, trial_dir, log) -> SlurmTrial. A trial whose job is still
-  queued or running (from an earlier sweep command) is watched again instead of submitted twice.
-  on_success(trial_dir): what the trial's own job calls when its command succeeded (jobs.sweep passes
-  a recorder of the trial's result and DONE marker), or None."""
+def trial_starter(options: SlurmOptions, on_success=None, poller: Poller | None = None):
+  """For jobs.sweep.run_sweep: start(command, trial_dir, log) -> SlurmTrial. A trial for which SLURM says
+  a job recorded earlier (any of them) is still queued or running is watched again instead of submitted
+  twice; while SLURM does not answer, start waits. on_success(trial_dir): what the trial's own job calls
+  when its command succeeded (jobs.sweep passes a recorder of the trial's result and DONE marker), or
+  None. poller: shared by the trials (default: one squeue call per TICK / 3 at most)."""
+  poller = poller or Poller(every=TICK / 3, say=lambda text: print(f"[slurm] {text}", flush=True))
+
   def start(command, trial_dir, log):
-    job_id = recorded_job(trial_dir)
+    job_id = recorded_job(trial_dir, poller.silence)
     if job_id:
       log.write(f"[sweep] watching SLURM job {job_id} again\n")
     else:
@@ -254,7 +445,7 @@ def trial_starter(options: SlurmOptions, on_success=None):
                       on_success=None if on_success is None else on_success(trial_dir)).job_id
       log.write(f"[sweep] submitted SLURM job {job_id}; task logs in {trial_dir / FOLDER}\n")
     log.flush()
-    return SlurmTrial(job_id, pathlib.Path(trial_dir), log)
+    return SlurmTrial(job_id, pathlib.Path(trial_dir), log, poller)
   return start
 
 
@@ -271,11 +462,10 @@ def main(argv=None) -> int:
     options = options_from(args)
   except ValueError as error:
     parser.error(str(error))
-  workdirs = [a.split("=", 1)[1] for a in rest if a.startswith("--workdir=")]
-  workdirs += [rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--workdir"]
-  if not workdirs:
+  if not any(a == "--workdir" or a.startswith("--workdir=") for a in rest):
     parser.error("give the run's --workdir after -- (the job's logs and its id go there)")
-  workdir = pathlib.Path(workdirs[-1]).absolute()
+  with user_errors.reported():   # a mistake the node would find after the queue: one line, status 2
+    workdir = preflight.check_train_flags(rest, options)
   running = recorded_job(workdir)
   if running:
     print(f"[submit] SLURM job {running} is already queued or running for {workdir}; not submitting again")

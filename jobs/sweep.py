@@ -43,17 +43,14 @@ import sys
 import time
 
 import experiments
-from run import config as config_io
-from run import metrics as metrics_io
 from run.user_errors import UserError, reported
 from run.workdir import RunDirLocked, RunLock, write_atomically
 from train.signals import SignalFlag
-from jobs import slurm, sweep_trial
+from jobs import preflight, slurm, sweep_trial
 from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
+from jobs.sweep_trial import (DONE, LOG, STATUS, TrialResult, mark_done, read_status, reached_end,
+                              write_hparams, write_status)
 
-DONE = "DONE"                  # marker: the trial's trainer exited 0 having reached num_steps
-STATUS = "sweep_status.json"   # per trial: status, return code, wall-clock, overrides
-LOG = "sweep.log"              # per trial: the trainer's stdout and stderr
 _NAME = re.compile(r"^[A-Za-z0-9_.+=-]+$")
 
 
@@ -120,55 +117,7 @@ def trial_command(config_spec: str, trial_dir: pathlib.Path, shared, overrides: 
   path, sep, arg = config_spec.partition(":")
   flags = [f"--config.{key}={value}" for key, value in overrides.items()]
   return [*trainer, f"--config={os.path.abspath(path)}{sep}{arg}",
-          f"--workdir={trial_dir}", "--config.train.progress=False", *[f"--{s}" for s in shared], *flags]
-
-
-# ------------------------------------------------------------------------------------------------------
-# Per-trial state on disk.
-# ------------------------------------------------------------------------------------------------------
-def read_status(trial_dir: pathlib.Path) -> dict:
-  """DIR/NAME/sweep_status.json as a dict (status 'pending' if the trial never started)."""
-  path = trial_dir / STATUS
-  if not path.exists():
-    return {"status": "pending", "seconds": 0.0}
-  return json.loads(path.read_text())
-
-
-def write_status(trial_dir: pathlib.Path, **fields) -> None:
-  status = read_status(trial_dir)
-  status.update(fields)
-  write_atomically(trial_dir / STATUS, json.dumps(status, indent=2, sort_keys=True) + "\n")
-
-
-def reached_end(trial_dir: pathlib.Path) -> bool:
-  """True if the run's metrics reach its config's num_steps (an exit 0 after SIGTERM does not)."""
-  try:
-    target = int(config_io.load_run_config(trial_dir).train.num_steps)
-    steps = [line["step"] for line in metrics_io.read_metrics(trial_dir)]
-  except (FileNotFoundError, ValueError, KeyError):
-    return False
-  return bool(steps) and max(steps) >= target
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialResult:
-  """What a trial's own SLURM job calls once its trainer exited 0 (jobs.slurm.TrainTask's on_success):
-  if the run reached its num_steps, it records the trial as done (sweep_status.json: status, seconds,
-  finished_by) and writes its DONE marker, so that a finished trial is marked even when no sweep command
-  watches it any more (one that was killed, or a node that went away). Picklable: it travels with the job."""
-  trial_dir: str
-
-  def __call__(self, *, seconds: float, by: str) -> None:
-    trial_dir = pathlib.Path(self.trial_dir)
-    if not reached_end(trial_dir):   # exited 0 after SIGTERM: interrupted, not done
-      return
-    seconds += read_status(trial_dir).get("seconds", 0.0)
-    write_status(trial_dir, status="done", returncode=0, seconds=seconds, finished_by=by)
-    mark_done(trial_dir)
-
-
-def mark_done(trial_dir: pathlib.Path) -> None:
-  (trial_dir / DONE).write_text(f"finished {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+          f"--workdir={trial_dir}", *[f"--{s}" for s in shared], *flags]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -198,7 +147,9 @@ class _RunningElsewhere:
 
   def poll(self):
     if self.returncode is None and sweep_trial.holder(self.dir) is None:
-      self.returncode = 0 if (self.dir / DONE).exists() or reached_end(self.dir) else 1
+      # The trial process records how its trainer ended (sweep_trial.main); none recorded: it was killed.
+      code = read_status(self.dir).get("returncode")
+      self.returncode = 0 if (self.dir / DONE).exists() else 1 if code is None else code
     return self.returncode
 
   def send_signal(self, sig) -> None:
@@ -211,24 +162,26 @@ class _RunningElsewhere:
     return self.returncode
 
 
-def _start_local(command, trial_dir, log):
-  """The trial's trainer under jobs.sweep_trial, which records the trial's result and DONE itself; or,
-  where an earlier sweep command's trial process still runs, a handle that watches it."""
+def start_local(command, trial_dir, log):
+  """The trial's trainer under jobs.sweep_trial, which records the trial's result and DONE itself, in a
+  session of its own (a SIGHUP or SIGKILL of this command leaves it running); or, where an earlier sweep
+  command's trial process still runs, a handle that watches it."""
   running = sweep_trial.holder(trial_dir)
   if running is not None:
     return _RunningElsewhere(running, pathlib.Path(trial_dir), log)
   return subprocess.Popen([sys.executable, "-m", "jobs.sweep_trial", str(trial_dir), "--", *command],
-                          stdout=log, stderr=subprocess.STDOUT)
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,
-              poll_seconds: float = 0.5, out=None, trainer=TRAINER, start=_start_local) -> dict:
+              poll_seconds: float = 0.5, out=None, trainer=TRAINER, start=start_local) -> dict:
   """Runs the trials of config_spec's sweep under workdir; returns {trial name: final status}.
 
   shared: overrides for every trial, as 'config.k=v' strings; only: trial names to run (default all);
   trainer: the command that trains one trial (tests substitute a fast fake); start(command, trial_dir,
   log) -> a Popen-like handle runs it (default: a local subprocess; jobs.slurm.trial_starter: a job).
-  Writes the results table and plot at the end, also after an interruption.
+  parallel: the trials running (or queued on SLURM) at once. Writes the results table and plot at the
+  start, each time a trial ends, and at the end, also after an interruption.
   """
   workdir = pathlib.Path(workdir).absolute()
   out = out or sys.stdout
@@ -260,7 +213,15 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
     else:
       todo.append(trial)
   say(f"{len(trials)} trials, {len(trials) - len(todo)} done, {len(todo)} to run, {parallel} at a time; "
-      f"logs in {workdir}/<trial>/{LOG}")
+      f"logs in {workdir}/<trial>/{LOG}; see them all with: python -m jobs.status {workdir}")
+  baseline = getattr(experiments.load_module(config_spec.partition(":")[0]), "BASELINE", ())
+
+  def results() -> tuple[list[dict], list[pathlib.Path]]:
+    rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides,
+                      paper) for t in trials]
+    return rows, write_results(rows, workdir, paper=bool(paper), title=config_spec, baseline=baseline)
+
+  results()
 
   stop = SignalFlag().install()
   running: list[_Running] = []
@@ -286,7 +247,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
         process = start(command, trial_dir, log)
-        write_status(trial_dir, status="running", overrides=_jsonable(trial.overrides),
+        write_status(trial_dir, status="running", returncode=None, overrides=_jsonable(trial.overrides),
                      command=command, pid=process.pid)
         running.append(_Running(trial, process, log, trial_dir))
         say(f"start {trial.name} ({started}/{started + len(todo)}{', resuming' if resumed else ''}): "
@@ -307,6 +268,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
               f"{fmt_number(row['dev_ppl'], 3)}, dev BLEU {fmt_number(row['dev_bleu'], 2)}")
         elif code == 0 and reached_end(r.dir):
           write_status(r.dir, status="done", returncode=0, seconds=seconds)
+          write_hparams(r.dir, r.trial.overrides)
           mark_done(r.dir)
           row = trial_row(r.trial, r.dir, read_status(r.dir), config_spec, shared_overrides, paper)
           say(f"done {r.trial.name} in {seconds:.0f} s: dev ppl {fmt_number(row['dev_ppl'], 3)}, "
@@ -317,6 +279,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         else:
           write_status(r.dir, status="failed", returncode=code, seconds=seconds)
           say(f"FAILED {r.trial.name} (exit {code}); see {r.dir / LOG}:\n" + _tail(r.dir / LOG))
+        results()   # the table follows the sweep as each trial ends
   finally:
     stop.restore()
     for r in running:   # only if the loop itself raised: do not leave trainers behind
@@ -325,10 +288,7 @@ def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=N
         r.process.wait()
     lock.release()
 
-  rows = [trial_row(t, workdir / t.name, read_status(workdir / t.name), config_spec, shared_overrides, paper)
-          for t in trials]
-  baseline = getattr(experiments.load_module(config_spec.partition(":")[0]), "BASELINE", ())
-  paths = write_results(rows, workdir, paper=bool(paper), title=config_spec, baseline=baseline)
+  rows, paths = results()
   counts = {s: sum(r["status"] == s for r in rows) for s in ("done", "failed", "interrupted", "pending")}
   say(", ".join(f"{n} {s}" for s, n in counts.items() if n))
   print(markdown_table(rows, bool(paper)), file=out)
@@ -380,7 +340,8 @@ def main(argv=None) -> int:
       "Other --config.KEY=VALUE flags apply to every trial (e.g. --config.data.tfds_data_dir=DIR).",
       config_help="experiment file[:arg] with a sweep() function",
       workdir_help="sweep directory; trial NAME runs in DIR/NAME")
-  parser.add_argument("--parallel", type=int, default=1, help="trials at once (default 1)")
+  parser.add_argument("--parallel", type=int, default=1,
+                      help="trials running at once, or on SLURM queued or running at once (default 1)")
   parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
   add_launcher_flags(parser)
   args, rest = parse_with_overrides(parser, argv, "shared overrides")
@@ -388,15 +349,21 @@ def main(argv=None) -> int:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")
   only = [name for name in args.only.split(",") if name]
   with reported():   # user errors: one line `error: ...`, exit status 2
-    start, parallel = _start_local, args.parallel
+    start, poll_seconds = start_local, 0.5
     if args.launcher == "slurm":
       try:
-        # SLURM queues them; each trial's job writes its own result and DONE marker.
-        start, parallel = slurm.trial_starter(slurm.options_from(args), on_success=TrialResult), 1_000_000
+        # Each trial's job writes its own result and DONE marker; one squeue call a tick for all of them.
+        start, poll_seconds = slurm.trial_starter(slurm.options_from(args), on_success=TrialResult), slurm.TICK
       except ValueError as error:
         parser.error(str(error))
-    statuses = run_sweep(args.config, args.workdir, parallel=parallel, shared=rest, only=only or None,
-                         poll_seconds=0.5 if args.launcher == "local" else 5.0, start=start)
+      # Every trial's flags checked as its job would load them, before any job is queued (jobs/preflight.py).
+      shared = [s.removeprefix("--") for s in rest]
+      trials = declared_trials(args.config, [s.removeprefix("config.") for s in shared])[0]
+      preflight.check_runs([trial_command(args.config, pathlib.Path(args.workdir).absolute() / t.name, shared,
+                                          t.overrides, trainer=()) for t in trials if not only or t.name in only],
+                           slurm.options_from(args))
+    statuses = run_sweep(args.config, args.workdir, parallel=args.parallel, shared=rest, only=only or None,
+                         poll_seconds=poll_seconds, start=start)
   return 0 if all(s == "done" for s in statuses.values()) else 1
 
 

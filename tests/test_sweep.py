@@ -215,10 +215,10 @@ def test_a_slurm_trials_clock_starts_when_its_job_runs(tmp_path, monkeypatch):
   from jobs import slurm
   states = iter(["PENDING", "PENDING", "RUNNING", "RUNNING", "COMPLETED"])
   clock = iter([100.0, 130.0, 175.0])
-  monkeypatch.setattr(slurm, "job_state", lambda job_id: next(states))
-  monkeypatch.setattr(slurm.time, "time", lambda: next(clock))
+  monkeypatch.setattr(slurm, "query", lambda ids: {i: slurm.JobInfo(next(states)) for i in ids})
   with open(tmp_path / "log", "w") as log:
     trial = slurm.SlurmTrial("7", tmp_path, log)
+    monkeypatch.setattr(slurm.time, "time", lambda: next(clock))
     assert trial.poll() is None and trial.poll() is None and trial.started is None   # queued
     assert trial.poll() is None and trial.started == 100.0                          # running from here
     assert trial.poll() is None and trial.started == 100.0
