@@ -17,7 +17,7 @@ from model.ops import decoding_for
 from test_kernels import SMALL, random_ids
 
 # The C++ decoding kernels compile on first use; without a C++ compiler decoding uses XLA ops (the
-# README's fallback), so the tests of the kernels themselves skip, saying why.
+# fallback docs/accelerators.md describes), so the tests of the kernels themselves skip, saying why.
 needs_compiler = pytest.mark.skipif(cpu_decoding.find_compiler() is None,
                                     reason="no C++ compiler (c++, g++ or $CXX): decoding uses XLA ops")
 
@@ -37,7 +37,7 @@ def _attention_reference(q, k, v, visible):
 
 
 def test_cpu_decoding_kernel_builds_here_and_is_what_float32_decoding_uses():
-  """Where the machine has a C++ compiler (the README's set-up), float32 decoding runs the custom calls."""
+  """Where the machine has a C++ compiler (docs/install.md's set-up), float32 decoding runs the custom calls."""
   if cpu_decoding.find_compiler() is None:
     pytest.skip("no C++ compiler here (c++, g++ or $CXX): decoding uses XLA ops")
   assert cpu_decoding.available()
