@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator check (docs/accelerators.md, "The device check"): everything a short loan of one GPU
+# The accelerator check (docs/accelerators.md, "The check"): everything a short loan of one GPU
 # should measure, in about 10 minutes, each stage under its own time limit so that one stuck stage
 # leaves time for the rest. Compiles of the big model take 35-45 s each on an H200, so the benchmark
 # stage gets the most time; what it finishes is written to check-gpu.json part by part.

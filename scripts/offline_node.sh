@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # aiayn on an offline node whose image already has JAX: carry wheels of what the image lacks, install
-# them without an index, and check the node (docs/accelerators.md, "Install").
+# them without an index, and check the node (docs/install.md, "An offline node with an image").
 #
 #   # 1. on the node, or in its image: what it has
 #   python -m pip freeze > image.txt

@@ -1,5 +1,5 @@
 """A model's size: its parameters, model FLOPs per training step, the devices' peak, and MFU
-(docs/accelerators.md, "MFU").
+(docs/mfu.md).
 
     count = num_params(cfg)                                    # what init creates, from its shapes
     flops = train_step_flops(cfg, rows, src_len, tgt_len)      # from the config and the batch shape
