@@ -44,7 +44,7 @@ from optuna.trial import TrialState
 import experiments
 from run.user_errors import UserError, reported
 from train.signals import SignalFlag
-from jobs import search_report, search_trial, slurm, sweep
+from jobs import preflight, search_report, search_trial, slurm, sweep
 
 JOURNAL = "study.journal"
 SAMPLERS = ("tpe", "qmc", "random")
@@ -329,6 +329,9 @@ def main(argv=None) -> int:
     except ValueError as error:
       parser.error(str(error))
   with reported():   # user errors: one line `error: ...`, exit status 2
+    if args.launcher == "slurm":   # before any trial is queued: the experiment with the fixed keys
+      preflight.check_train_flags([f"--config={args.config}", f"--workdir={args.workdir}", *rest],
+                                  slurm.options_from(args))
     counts = run_search(args.config, args.workdir, trials=args.trials, parallel=args.parallel, shared=rest,
                         metric=args.metric, sampler=args.sampler, pruner=args.pruner, storage=args.storage,
                         seed=args.seed, start=start, trainer=trainer, poll_seconds=poll,
