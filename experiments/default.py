@@ -70,8 +70,9 @@ def get_config(arg=None):
       max_len=64,                  # tokens per side; longer pairs are skipped and counted (0: the
                                    # length that keeps 99.5% of the corpus, data/max_len.py)
       source_eos=False,            # end sources with EOS (the WMT and small-corpus experiments do)
-      batch_tokens=2048,           # real source and target tokens per batch, each (packed: rows x max_len)
-      pack=True,                   # several pairs per row: one batch shape, one compile, little padding
+      batch_tokens=2048,           # real source and target tokens per batch, each (packed: an upper bound,
+                                   # rows x max_len slots; ~1,810 real target tokens on this corpus)
+      pack=True,                   # several pairs per row: one batch shape, one compile
       fine_buckets=False,          # not packed: buckets every 8 (16 past 128) positions instead of x1.5
   ))
 
