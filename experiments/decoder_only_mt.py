@@ -28,8 +28,8 @@ Transformer trains faster, and without the warm-up a post-LN one needs) and rota
 score depends on its offset from the query, the same for every source length). Five decoder layers:
 2,015,616 parameters with the 8,000-piece vocabulary, against the default's 1,949,696 (pre-norm adds the
 stack's final LayerNorm). Each row holds whole sequences of source + target + 2 tokens, so data.max_len
-is 128 (the default's 64 per side: the same pairs are kept), and a batch packs 2,048 such tokens: about
-the tokens the default's 2+2 layers read per step (2,048 source + 2,048 target), so a step costs about
+is 128 (the default's 64 per side: the same pairs are kept), and a batch packs up to 2,048 such tokens: about
+the slots the default's 2+2 layers read per step (2,048 source + 2,048 target), so a step costs about
 as much and the same 1,000 steps are the same wall-clock budget; it sees about half the pairs per step.
 """
 from experiments._family import family_config

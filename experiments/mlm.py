@@ -16,7 +16,7 @@ Smoke:    python -m train --config experiments/mlm.py:smoke --workdir /tmp/mlm_s
 Why these settings: the default experiment's width, optimizer, schedule and 1,000 steps, the paper's
 layers; four encoder layers: 1,841,856 parameters with the 8,000-piece vocabulary (the MLM head's
 transform, norm and output bias included), against the default's 1,949,696 (five: 2,040,128). Batches
-pack 2,048 source tokens, as the default's sources.
+pack up to 2,048 source tokens (slots; the real count is logged), as the default's sources.
 """
 from experiments._family import family_config
 
