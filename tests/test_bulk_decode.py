@@ -14,6 +14,9 @@ import threading
 import time
 
 import pytest
+# Imported here, at collection: a first import of submitit reconfigures logging (dictConfig), which closes
+# absl's handler's stream; inside a test whose stderr is captured, that stream is pytest's own.
+import submitit  # noqa: F401
 
 from decode import job as job_lib
 from decode.__main__ import main as decode_main
@@ -440,3 +443,157 @@ def test_bad_worker_layouts_are_refused_in_one_line(tmp_path, capsys, flags, nam
     decode_main(["--workdir", str(tmp_path), "--input", str(tmp_path / "in.txt"), "--output",
                  str(tmp_path / "out.txt"), *flags])
   assert exit_info.value.code == 2 and named in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------
+# Parts sized for the workers, a second launch, and SLURM without accounting.
+# ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lines, workers, most, expected", [
+    (10_000, 4, 10_000, (2_500, 4)),          # the default part would leave 3 of 4 workers idle
+    (100_000, 16, 131_072, (6_250, 16)),      # 16 GPUs, beam 4: one part each
+    (2_100_000, 16, 131_072, (65_625, 32)),   # rounded up to a multiple of the workers: 2 each
+    (9, 4, 10_000, (2, 5)),                   # 3 parts of 3 would leave a worker idle
+    (3, 4, 10_000, (1, 3)),                   # fewer lines than workers: one line a part
+    (250_000, 1, 131_072, (125_000, 2)),      # one worker: parts no larger than `most`, evened out
+    (30, 1, 10_000, (30, 1)),
+])
+def test_parts_are_sized_so_that_every_worker_gets_parts(lines, workers, most, expected):
+  from decode import bulk
+  shard_lines = bulk.shard_lines_for(lines, workers, most)
+  assert (shard_lines, -(-lines // shard_lines)) == expected
+  assert shard_lines <= most and -(-lines // shard_lines) >= min(lines, workers)
+
+
+def test_every_size_gives_each_worker_parts_and_none_larger_than_the_default():
+  from decode import bulk
+  for lines in range(1, 400, 7):
+    for workers in (1, 2, 3, 4, 8, 16):
+      for most in (5, 64, 10_000):
+        shard_lines = bulk.shard_lines_for(lines, workers, most)
+        parts = -(-lines // shard_lines)
+        assert shard_lines <= most and parts >= min(lines, workers), (lines, workers, most)
+
+
+def test_the_log_states_the_part_size_and_idle_workers():
+  from decode import bulk
+  assert bulk.parts_line(10_000, 2_500, 4, False) == ("[decode] 10000 lines in 4 parts of 2500 lines (sized "
+                                                      "for the input and the workers) for 4 workers")
+  assert bulk.parts_line(30, 7, 8, True).endswith("(--shard_lines) for 8 workers: 3 workers will have no part "
+                                                  "to decode")
+
+
+@pytest.fixture(scope="module")
+def ten_thousand(tmp_path_factory, corpus):  # noqa: F811
+  short = [s for s, _ in corpus["test"] + corpus["dev"] if len(s.split()) <= 6]
+  path = tmp_path_factory.mktemp("tenk") / "src.txt"
+  path.write_text("".join(short[i % len(short)] + "\n" for i in range(10_000)))
+  return path
+
+
+@pytest.mark.slow
+def test_four_workers_on_ten_thousand_lines_each_decode_parts_and_write_one_workers_output(
+    run, ten_thousand, tmp_path):  # noqa: F811
+  one, four = tmp_path / "one.txt", tmp_path / "four.txt"
+  single = subprocess.run(_command(run, ten_thousand, one), env=_env(), cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+  assert "10000 lines in 1 part of 10000 lines (sized for the input and the workers) for 1 worker" in \
+      single.stderr, single.stderr
+  done = subprocess.run(_command(run, ten_thousand, four, "--processes", "4", "--cpu_devices", "4"),
+                        env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stderr
+  assert "10000 lines in 4 parts of 2500 lines (sized for the input and the workers) for 4 workers" in \
+      done.stderr, done.stderr
+  decoded = re.findall(r"\[decode\] worker pid (\d+) decoded (\d+) parts? \[([\d, ]*)\]", done.stderr)
+  assert len(decoded) == 4 and all(int(count) >= 1 for _, count, _ in decoded), done.stderr
+  assert sorted(int(p) for *_, parts in decoded for p in parts.split(",")) == [0, 1, 2, 3]
+  assert four.read_bytes() == one.read_bytes()
+  assert len(one.read_text().splitlines()) == 10_000
+
+
+def _fake_slurm(tmp_path, monkeypatch, listed: bool) -> pathlib.Path:
+  """sbatch, squeue and sacct first on PATH: sbatch logs its calls and answers job 4242; squeue lists
+  job 4242 while tmp_path/running exists; sacct fails, as on a cluster without accounting."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  scripts = {
+      "sbatch": f'echo "$@" >> {tmp_path}/sbatch.log\necho "Submitted batch job 4242"',
+      "squeue": f'if [ -e {tmp_path}/running ]; then echo 4242; fi',
+      "sacct": 'echo "sacct: error: Slurm accounting storage is disabled" >&2\nexit 1',
+  }
+  for name, body in scripts.items():
+    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  if listed:
+    (tmp_path / "running").touch()
+  monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  from decode import __main__ as decode_cli, slurm_queue
+  monkeypatch.setattr(slurm_queue, "EVERY", 0.0)
+  monkeypatch.setattr(slurm_queue, "RETRIES", ())
+  monkeypatch.setattr(decode_cli, "WATCH_SECONDS", 0.05)
+  return tmp_path / "sbatch.log"
+
+
+def _slurm_flags(run, source, out):  # noqa: F811
+  return ["--workdir", str(run), "--input", str(source), "--output", str(out), "--no_progress",
+          "--launcher", "slurm", "--processes", "2", "--time", "3"]
+
+
+def test_the_slurm_launcher_ends_when_its_tasks_end_without_accounting(run, source, tmp_path, monkeypatch,  # noqa: F811
+                                                                       capsys):
+  sbatch = _fake_slurm(tmp_path, monkeypatch, listed=False)   # killed at the time limit: gone, no result
+  out = tmp_path / "hyp.txt"
+  with pytest.raises(SystemExit) as exit_info:
+    decode_main(_slurm_flags(run, source, out))
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2, err
+  assert len(sbatch.read_text().splitlines()) == 1
+  assert "[decode] SLURM job 4242 has left the queue and none of its 2 tasks wrote its result" in err, err
+  assert "no accounting on this cluster?" in err and "--time 3 minutes" in err
+  assert f"{out} is not finished: rerun the same command" in err
+  assert json.loads((job_lib.job_dir(out) / job_lib.LAUNCH).read_text())["job_id"] == "4242"
+
+
+def test_a_second_slurm_launch_watches_the_running_job_instead_of_submitting(run, source, tmp_path,  # noqa: F811
+                                                                             monkeypatch, capsys):
+  sbatch = _fake_slurm(tmp_path, monkeypatch, listed=True)
+  out = tmp_path / "hyp.txt"
+  first = threading.Thread(target=lambda: pytest.raises(SystemExit, decode_main, _slurm_flags(run, source, out)))
+  first.start()
+  launch = job_lib.job_dir(out) / job_lib.LAUNCH
+  deadline = time.time() + 60
+  while not launch.exists():
+    assert time.time() < deadline and first.is_alive()
+    time.sleep(0.05)
+  second = threading.Thread(target=lambda: pytest.raises(SystemExit, decode_main, _slurm_flags(run, source, out)))
+  second.start()
+  while "is already decoding" not in (err := capsys.readouterr().err):
+    assert time.time() < deadline and second.is_alive(), err
+    time.sleep(0.05)
+  assert "SLURM job 4242, launched" in err and "watching it instead of launching again" in err
+  assert first.is_alive() and second.is_alive()
+  (tmp_path / "running").unlink()          # the job ends (its tasks killed): both launchers end
+  first.join(timeout=60)
+  second.join(timeout=60)
+  assert not first.is_alive() and not second.is_alive()
+  assert len(sbatch.read_text().splitlines()) == 1      # submitted once
+  assert "SLURM job 4242 has ended and" in capsys.readouterr().err
+
+
+def test_a_slurm_launch_is_refused_before_the_queue(run, source, tmp_path, monkeypatch, capsys):  # noqa: F811
+  sbatch = _fake_slurm(tmp_path, monkeypatch, listed=False)
+  out = tmp_path / "hyp.txt"
+  cases = [
+      (["--input", str(tmp_path / "missing.txt")], "missing.txt does not exist"),
+      (["--workdir", str(tmp_path)], "config.json"),
+      (["--checkpoint", "7"], "has no checkpoint for step 7; it has [5]"),
+      (["--output", str(tmp_path / "nowhere" / "hyp.txt")], "does not exist; give an --output in a folder"),
+      (["--gpus_per_task", "1"], "JAX_PLATFORMS=cpu in this shell"),
+  ]
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  for flags, named in cases:
+    with pytest.raises(SystemExit) as exit_info:
+      decode_main(_slurm_flags(run, source, out) + flags)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and named in err and err.count("\n") == 1, err
+  assert not sbatch.exists()

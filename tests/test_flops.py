@@ -1,6 +1,7 @@
 """train/flops.py: model FLOPs from the config agree with the compiled step; peaks; the MFU meter."""
 import functools
 import json
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,77 @@ def test_peak_table_and_override():
   assert flops.compute_dtype(cfg) == "bfloat16"
   assert flops.compute_dtype(TransformerConfig(compute=Compute(matmul_dtype="bfloat16"))) == "bfloat16"
   assert flops.peak_flops(jax.devices()[:4], cfg, override=2e12) == (8e12, "config.train.peak_flops")
+
+
+@pytest.mark.parametrize("kind, bf16, fp32", [
+    ("Tesla V100-SXM2-32GB", 15.7e12, 15.7e12),      # no bfloat16 units: its float32 peak
+    ("Tesla V100-PCIE-16GB", 14e12, 14e12),
+    ("NVIDIA A100-SXM4-40GB", 312e12, 156e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12, 156e12),
+    ("NVIDIA A100 80GB PCIe", 312e12, 156e12),
+    ("NVIDIA A10", 125e12, 62.5e12),
+    ("NVIDIA A40", 149.7e12, 74.8e12),
+    ("NVIDIA L4", 121e12, 60e12),
+    ("NVIDIA L40S", 362e12, 183e12),
+    ("NVIDIA H100 80GB HBM3", 989e12, 495e12),        # SXM
+    ("NVIDIA H100 PCIe", 756e12, 378e12),
+    ("NVIDIA H200", 989e12, 495e12),
+    ("NVIDIA B200", 2250e12, 1100e12),
+    ("TPU v4", 275e12, 275e12),
+    ("TPU v5 lite", 197e12, 197e12),                  # v5e
+    ("TPU v5", 459e12, 459e12),                       # v5p
+    ("TPU v5p", 459e12, 459e12),
+    ("TPU v6 lite", 918e12, 918e12),                  # v6e
+])
+def test_each_device_kind_has_its_dense_peak(kind, bf16, fp32):
+  assert (flops.table_peak(kind, "bfloat16"), flops.table_peak(kind, "float32")) == (bf16, fp32)
+
+
+@pytest.mark.parametrize("kind", ["NVIDIA A10G", "NVIDIA L40", "TPU v3", "Some Future Chip"])
+def test_a_name_that_only_contains_a_known_one_is_not_taken_for_it(kind):
+  assert flops.table_peak(kind, "bfloat16") is None
+
+
+class _Device:
+  platform = "gpu"
+
+  def __init__(self, kind):
+    self.device_kind = kind
+
+
+@pytest.fixture
+def warnings_logged(monkeypatch):
+  """The messages train/flops.py warns, with its once-per-process memory cleared (the "train" logger does
+  not propagate to caplog's root handler once a command has called log_to_console)."""
+  monkeypatch.setattr(flops, "_warned", set())
+  messages = []
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = lambda record: messages.append(record.getMessage())
+  flops.log.addHandler(handler)
+  yield messages
+  flops.log.removeHandler(handler)
+
+
+def test_an_unknown_device_warns_once_naming_the_config_key(warnings_logged):
+  cfg = TransformerConfig(compute=Compute(dtype="bfloat16"))
+  for _ in range(3):
+    assert flops.peak_flops([_Device("NVIDIA Z9")] * 2, cfg)[0] == 0.0
+  warnings = warnings_logged
+  assert len(warnings) == 1 and "unknown device 'NVIDIA Z9'" in warnings[0], warnings
+  assert "--config.train.peak_flops=" in warnings[0]
+  assert flops.peak_flops([_Device("NVIDIA Z9")], cfg, override=5e12) == (5e12, "config.train.peak_flops")
+
+
+def test_a_bfloat16_run_on_a_v100_says_it_computes_in_float32(warnings_logged):
+  cfg = TransformerConfig(compute=Compute(dtype="bfloat16"))
+  peak, source = flops.peak_flops([_Device("Tesla V100-SXM2-32GB")] * 8, cfg)
+  flops.peak_flops([_Device("Tesla V100-SXM2-32GB")] * 8, cfg)
+  assert peak == 8 * 15.7e12 and "float32 data sheet (no bfloat16 units)" in source
+  warnings = warnings_logged
+  assert len(warnings) == 1 and "no bfloat16 matmul units" in warnings[0] and "15.7 TFLOP/s" in warnings[0]
+  # A float32 run has nothing to be told.
+  assert flops.peak_flops([_Device("NVIDIA A100-SXM4-80GB")], TransformerConfig())[0] == 156e12
+  assert len(warnings) == 1
 
 
 def test_cpu_peak_keeps_the_highest_probe(tmp_path, monkeypatch):

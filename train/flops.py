@@ -14,9 +14,11 @@ counted (it is hardware FLOPs, not model FLOPs). MFU = model FLOPs per second / 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import platform
+import re
 import time
 
 import jax
@@ -26,24 +28,46 @@ import numpy as np
 from model import Transformer, TransformerConfig
 from model.config import as_dtype
 
-# Dense (no sparsity) peak matmul FLOP/s per device, from the vendors' data sheets (docs/accelerators.md
-# cites them). float32 is what XLA runs a float32 matmul at by default: TF32 tensor cores on NVIDIA
-# GPUs, one bfloat16 pass on TPUs (jax_default_matmul_precision='highest' is slower than this peak).
-# Keys are matched against jax's device_kind, most specific first.
+log = logging.getLogger(__name__)
+
+# Dense (no sparsity) peak matmul FLOP/s per device, from the vendors' data sheets, by jax's device_kind
+# (a regular expression, searched case-blind, first match wins: the specific names before the general).
+# float32 is what XLA runs a float32 matmul at by default: TF32 tensor cores on NVIDIA GPUs from Ampere
+# on, one bfloat16 pass on TPUs (jax_default_matmul_precision='highest' is slower than this peak).
+# Sources (dense figures; the sheets print twice these "with sparsity"):
+#   V100: NVIDIA Tesla V100 data sheet: FP32 15.7 (SXM2) / 14 (PCIe) / 16.4 (V100S) TFLOPS. It has no
+#     bfloat16 units; see NO_BF16.
+#   A100 40/80 GB (SXM, PCIe): NVIDIA A100 data sheet: BF16 312, TF32 156.
+#   A10: NVIDIA A10 data sheet: BF16 125, TF32 62.5.   A40: NVIDIA A40 data sheet: BF16 149.7, TF32 74.8.
+#   L4: NVIDIA L4 data sheet: BF16 121, TF32 60.       L40S: NVIDIA L40S data sheet: BF16 362, TF32 183.
+#   H100 SXM: BF16 989, TF32 495; H100 PCIe: 756, 378; H100 NVL: 835, 418 (NVIDIA H100 data sheet).
+#   H200 (SXM): BF16 989, TF32 495; H200 NVL: 835, 418 (NVIDIA H200 data sheet).
+#   B200: NVIDIA HGX B200 data sheet (per GPU): BF16 2,250, TF32 1,100.
+#   TPU v4 275, v5e 197, v5p 459, v6e (Trillium) 918 bf16 TFLOPS per chip (Google Cloud TPU system
+#     architecture pages); jax names v5e "TPU v5 lite", v5p "TPU v5" or "TPU v5p", v6e "TPU v6 lite".
 PEAKS = (
-    ("H100 PCIe", {"bfloat16": 756e12, "float32": 378e12}),
-    ("H100", {"bfloat16": 989e12, "float32": 495e12}),       # SXM5
-    ("H200", {"bfloat16": 989e12, "float32": 495e12}),       # the H100's chip with more, faster memory
-    ("A100", {"bfloat16": 312e12, "float32": 156e12}),
-    ("L4", {"bfloat16": 121e12, "float32": 60e12}),
-    ("TPU v4", {"bfloat16": 275e12, "float32": 275e12}),
-    ("TPU v5 lite", {"bfloat16": 197e12, "float32": 197e12}),   # v5e
-    ("TPU v5e", {"bfloat16": 197e12, "float32": 197e12}),
-    ("TPU v5p", {"bfloat16": 459e12, "float32": 459e12}),
-    ("TPU v5", {"bfloat16": 459e12, "float32": 459e12}),        # v5p reports "TPU v5"
-    ("TPU v6 lite", {"bfloat16": 918e12, "float32": 918e12}),   # v6e (Trillium)
-    ("TPU v6e", {"bfloat16": 918e12, "float32": 918e12}),
+    (r"V100S", {"bfloat16": 16.4e12, "float32": 16.4e12}),
+    (r"V100.*PCIE", {"bfloat16": 14e12, "float32": 14e12}),
+    (r"V100", {"bfloat16": 15.7e12, "float32": 15.7e12}),           # SXM2
+    (r"A100", {"bfloat16": 312e12, "float32": 156e12}),             # 40 GB and 80 GB, SXM4 and PCIe
+    (r"\bA10\b", {"bfloat16": 125e12, "float32": 62.5e12}),         # not the A10G
+    (r"\bA40\b", {"bfloat16": 149.7e12, "float32": 74.8e12}),
+    (r"L40S", {"bfloat16": 362e12, "float32": 183e12}),
+    (r"\bL4\b", {"bfloat16": 121e12, "float32": 60e12}),
+    (r"H100.*PCIE", {"bfloat16": 756e12, "float32": 378e12}),
+    (r"H[12]00.*NVL", {"bfloat16": 835e12, "float32": 418e12}),
+    (r"H100", {"bfloat16": 989e12, "float32": 495e12}),             # SXM5: "NVIDIA H100 80GB HBM3"
+    (r"H200", {"bfloat16": 989e12, "float32": 495e12}),             # the H100's chip, more and faster memory
+    (r"B200", {"bfloat16": 2250e12, "float32": 1100e12}),
+    (r"TPU v4", {"bfloat16": 275e12, "float32": 275e12}),
+    (r"TPU v5 ?lite|TPU v5e", {"bfloat16": 197e12, "float32": 197e12}),
+    (r"TPU v5p?\b", {"bfloat16": 459e12, "float32": 459e12}),
+    (r"TPU v6 ?lite|TPU v6e", {"bfloat16": 918e12, "float32": 918e12}),
 )
+# Devices without bfloat16 matmul units: XLA runs a bfloat16 matmul there in float32, so a bfloat16 run's
+# peak is the float32 one (PEAKS holds it under both keys), and the run says so once.
+NO_BF16 = (r"V100",)
+_warned: set[str] = set()   # device kinds already warned about, once per process
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,10 +139,20 @@ def compute_dtype(cfg: TransformerConfig) -> str:
 
 def table_peak(device_kind: str, dtype: str) -> float | None:
   """The data-sheet peak of one device of this kind, or None for a kind the table does not know."""
-  for name, peaks in PEAKS:
-    if name.lower() in device_kind.lower():
+  for pattern, peaks in PEAKS:
+    if re.search(pattern, device_kind, re.IGNORECASE):
       return peaks[dtype]
   return None
+
+
+def lacks_bf16(device_kind: str) -> bool:
+  return any(re.search(pattern, device_kind, re.IGNORECASE) for pattern in NO_BF16)
+
+
+def _warn_once(device_kind: str, message: str) -> None:
+  if device_kind not in _warned:
+    _warned.add(device_kind)
+    log.warning(message)
 
 
 def _cache_file() -> pathlib.Path:
@@ -187,10 +221,18 @@ def peak_flops(devices, cfg: TransformerConfig, override: float = 0.0) -> tuple[
     return float(override) * len(devices), "config.train.peak_flops"
   if devices[0].platform == "cpu":
     return measured_peak(dtype), f"measured {dtype} matmul on this CPU"
-  per_device = table_peak(devices[0].device_kind, dtype)
+  kind = devices[0].device_kind
+  per_device = table_peak(kind, dtype)
   if per_device is None:
-    return 0.0, f"unknown device {devices[0].device_kind!r}: set config.train.peak_flops"
-  return per_device * len(devices), f"{devices[0].device_kind} {dtype} data sheet x {len(devices)}"
+    _warn_once(kind, f"[flops] unknown device {kind!r}: train/mfu is logged as 0; set its dense {dtype} "
+                     f"peak FLOP/s per device with --config.train.peak_flops=VALUE (from its data sheet)")
+    return 0.0, f"unknown device {kind!r}: set config.train.peak_flops"
+  if dtype == "bfloat16" and lacks_bf16(kind):
+    _warn_once(kind, f"[flops] {kind} has no bfloat16 matmul units: XLA computes this run's bfloat16 "
+                     f"matmuls in float32, so MFU is against its float32 peak ({per_device / 1e12:g} TFLOP/s); "
+                     f"its float16 tensor cores are not used")
+    return per_device * len(devices), f"{kind} float32 data sheet (no bfloat16 units) x {len(devices)}"
+  return per_device * len(devices), f"{kind} {dtype} data sheet x {len(devices)}"
 
 
 # ----------------------------------------------------------------------------------------------------
