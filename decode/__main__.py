@@ -30,11 +30,11 @@ from decode import devices as devices_lib
 from decode import job as job_lib
 from decode import slurm_queue
 from decode.progress import Progress
+from run import devices as run_devices
 from run.console import log_to_console
 from run.user_errors import fail, reported
 
 WATCH_SECONDS = 2.0   # how often a launcher polls the job's progress and its workers
-GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 def _read_lines(path: str, what: str) -> list[str]:
   if path == "-":
@@ -365,15 +365,13 @@ def _check_before_launch(args):
 
 
 def _check_platforms(args) -> None:
-  """GPUs asked for (--gpus_per_task) while JAX_PLATFORMS, which sbatch passes on to the job, excludes
-  them: the tasks would decode on the CPU. (A local check: run/devices.py has no shared one yet.)"""
-  platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-  if args.launcher != "slurm" or not args.gpus_per_task or not platforms:
+  """GPUs asked for (--gpus_per_task) while JAX_PLATFORMS, which sbatch passes on to the job, leaves
+  them out: the tasks would decode on the CPU (run/devices.py's check, as jobs.submit's)."""
+  if args.launcher != "slurm" or not args.gpus_per_task:
     return
-  if not any(p.strip() in GPU_PLATFORMS for p in platforms.split(",")):
-    fail(f"--gpus_per_task {args.gpus_per_task} asks for GPUs, but JAX_PLATFORMS={platforms} in this shell "
-         f"(sbatch passes it on to the tasks) excludes them: the tasks would decode on the CPU; unset "
-         f"JAX_PLATFORMS, or set JAX_PLATFORMS=cuda")
+  problem = run_devices.gpu_platform_problem(f"--gpus_per_task {args.gpus_per_task} asks for GPUs")
+  if problem:
+    fail(f"{problem} (sbatch passes this shell's JAX_PLATFORMS on to the tasks)")
 
 
 def _shard_lines(args, run_config, lines: int) -> int:

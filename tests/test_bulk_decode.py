@@ -588,7 +588,7 @@ def test_a_slurm_launch_is_refused_before_the_queue(run, source, tmp_path, monke
       (["--workdir", str(tmp_path)], "config.json"),
       (["--checkpoint", "7"], "has no checkpoint for step 7; it has [5]"),
       (["--output", str(tmp_path / "nowhere" / "hyp.txt")], "does not exist; give an --output in a folder"),
-      (["--gpus_per_task", "1"], "JAX_PLATFORMS=cpu in this shell"),
+      (["--gpus_per_task", "1"], "--gpus_per_task 1 asks for GPUs, but JAX_PLATFORMS=cpu leaves GPUs out"),
   ]
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   for flags, named in cases:
