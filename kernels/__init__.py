@@ -34,6 +34,7 @@ barriers and layouts would block fusion, so "auto" picks the reference there.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 CHOICES = ("auto", "reference", "cpu")
@@ -69,12 +70,62 @@ def resolve(kernels: str) -> str:
 
 def on_lowering_platform(fn, cfg, *args):
   """fn(cfg, *args), with cfg.compute.kernels="auto" resolved by the platform the program is lowered for
-  (a model.TransformerConfig): a program lowered for the CPU runs fn with kernels="cpu", one lowered for
-  anything else with "reference". Both are traced; only the lowered platform's branch reaches the compiled
-  program, so a step exported from a CPU host for "cuda" is the step a GPU host traces with "reference".
-  args are passed through as arguments: a branch must close over no arrays (jax.export)."""
+  (a model.TransformerConfig): "cpu" for the CPU, "reference" for any other platform.
+
+  A plain jit runs where this process's JAX puts it (its default device, else its default backend): only
+  that platform's branch is traced. Inside `lowering_for(platforms)` (what `export` enters), for platforms
+  other than that one or for several, both branches are traced under jax.lax.platform_dependent and
+  lowering keeps each platform's own, so a step exported from a CPU host for "cuda" is the step a GPU host
+  traces with "reference". args are passed through as arguments: a branch must close over no arrays
+  (jax.export)."""
   if cfg.compute.kernels != "auto":
     return fn(cfg, *args)
   import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
   branch = lambda kernels: functools.partial(fn, cfg.with_compute(kernels=kernels))
+  host = _host_platform()
+  platforms = _LOWERING[0].value if _LOWERING else None
+  if platforms is None or platforms == (host,):
+    return branch("cpu" if host == "cpu" else "reference")(*args)
   return jax.lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
+
+
+# jax.export's names of the platforms a program can be lowered for
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+# lowering_for's jax.make_user_context, made on its first use: a jit cache key, so that a function traced
+# inside lowering_for is traced again outside it (and the other way round). Made before any export traces
+# and never by a plain trace, so a run that exports nothing keys its jits as before (no retrace).
+_LOWERING = []
+
+
+def _host_platform() -> str:
+  """The platform a plain jit runs on here, in jax.export's names ("cuda", not "gpu"): the default
+  device's where one is set, else the default backend's. (A jit placed on another backend's devices runs
+  the branch of the default one: on a GPU host, the reference on CPU devices, which is correct there.)"""
+  import jax
+  from jax import export as jax_export
+  device = jax.config.jax_default_device
+  return "cpu" if getattr(device, "platform", device) == "cpu" else jax_export.default_export_platform()
+
+
+@contextlib.contextmanager
+def lowering_for(platforms):
+  """Within: the programs traced are lowered for `platforms` (PLATFORMS' names), not for this host's
+  platform; on_lowering_platform keeps every one's branch. What exports a program for another machine
+  enters it (`export` does): outside it, a choice made while tracing follows this host."""
+  platforms = tuple(platforms)
+  if not platforms or set(platforms) - set(PLATFORMS):
+    raise ValueError(f"lowering_for({platforms!r}): name one or more of {list(PLATFORMS)}")
+  if not _LOWERING:
+    import jax
+    _LOWERING.append(jax.make_user_context(None))
+  with _LOWERING[0](platforms):
+    yield
+
+
+def export(fn, *args, platforms, **options):
+  """jax.export.export(fn, platforms=platforms, **options)(*args), traced inside lowering_for(platforms):
+  how this code base exports a jitted function for other machines (tests/test_lowering.py holds every
+  export to it). Returns the jax.export.Exported."""
+  from jax import export as jax_export
+  with lowering_for(platforms):
+    return jax_export.export(fn, platforms=platforms, **options)(*args)

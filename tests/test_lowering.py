@@ -11,6 +11,7 @@ lowers a Pallas TPU kernel for no other platform, so one program for both would 
 """
 import dataclasses
 import functools
+import pathlib
 import re
 
 import jax
@@ -20,6 +21,7 @@ import optax
 import pytest
 from jax import export
 
+import kernels
 from data.batching import BATCH_KEYS
 from decode import translate as translate_lib
 from kernels import cpu_decoding
@@ -39,7 +41,7 @@ def _custom_calls(module_text: str) -> set:
 def _lower(fn, *args, platforms=PLATFORMS, allow=()) -> str:
   """fn (jitted) exported for `platforms` on these abstract arguments -> its StableHLO text."""
   checks = [export.DisabledSafetyCheck.custom_call(name) for name in allow]
-  return export.export(fn, platforms=platforms, disabled_checks=checks)(*args).mlir_module()
+  return kernels.export(fn, *args, platforms=platforms, disabled_checks=checks).mlir_module()
 
 
 def _assert_none_of_ours(text: str):
@@ -191,6 +193,65 @@ def test_auto_lowered_for_a_gpu_or_tpu_is_the_step_a_gpu_or_tpu_host_traces():
     assert _ops(auto[platform]) == _ops(reference[platform]), platform
   assert _ops(auto["cpu"]) == _ops(cpu["cpu"])
   assert _ops(auto["cpu"]) != _ops(auto["cuda"])   # the check can fail: the two paths differ
+
+
+def _branch_recorder(traced: list):
+  """fn(cfg, x) for on_lowering_platform that records the kernels it is traced with: sin(x) for "cpu",
+  cos(x) for "reference"."""
+  def fn(cfg, x):
+    traced.append(cfg.compute.kernels)
+    return jnp.sin(x) if cfg.compute.kernels == "cpu" else jnp.cos(x)
+  return fn
+
+
+def test_a_plain_jit_traces_only_its_platforms_branch_and_an_export_every_platforms():
+  """A plain jit on this CPU traces kernels="auto" as "cpu" only; exported for cuda, alone or beside the
+  cpu and tpu, the same jitted function is traced again with both branches, and cuda's is the reference.
+  Neither trace leaks into the other through jit's cache, in either order."""
+  assert jax.default_backend() == "cpu"
+  cfg = TransformerConfig(vocab_size=8, d_model=8, d_ff=16, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=1)
+  assert cfg.compute.kernels == "auto"
+  x = jnp.arange(3.0)
+  for plain_first in (True, False):
+    traced = []
+    step = jax.jit(lambda x: kernels.on_lowering_platform(_branch_recorder(traced), cfg, x))
+    if plain_first:
+      np.testing.assert_allclose(step(x), jnp.sin(x))
+      assert traced == ["cpu"]
+    traced.clear()
+    cuda = kernels.export(step, x, platforms=("cuda",)).mlir_module()
+    assert sorted(traced) == ["cpu", "reference"]   # platform_dependent, not this host's choice
+    assert "stablehlo.cosine" in cuda and "stablehlo.sine" not in cuda   # lowered for cuda: the reference
+    traced.clear()
+    every = kernels.export(step, x, platforms=("cpu", "cuda", "tpu"))
+    assert sorted(traced) == ["cpu", "reference"]
+    text = every.mlir_module()
+    assert "stablehlo.cosine" in text and "stablehlo.sine" in text   # each platform keeps its branch
+    np.testing.assert_allclose(every.call(x), jnp.sin(x))   # run here, on the CPU: the cpu branch
+    traced.clear()
+    np.testing.assert_allclose(step(x), jnp.sin(x))   # the plain call: its own trace, cpu only (traced
+    assert traced == ["cpu"] or (plain_first and not traced)   # again once lowering_for is first used)
+  with pytest.raises(ValueError, match="gpu"):
+    kernels.lowering_for(("gpu",)).__enter__()
+
+
+def test_every_export_enters_lowering_for():
+  """A program exported for another machine must be traced inside kernels.lowering_for, or a choice made
+  while tracing follows this host: every jax.export in the code base goes through kernels.export."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  direct = re.compile(r"\bjax\.export\.export\(|\bfrom jax import export\b|\bfrom jax\.export import\b")
+  allowed = {pathlib.Path("kernels/__init__.py"), pathlib.Path("tests/test_lowering.py")}   # it; this test
+  offenders = []
+  for path in sorted(root.rglob("*.py")):
+    relative = path.relative_to(root)
+    if relative.parts[0].startswith(".") or relative.parts[0] in ("build", "dist") or relative in allowed:
+      continue
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+      if direct.search(line):
+        offenders.append(f"{relative}:{number}: {line.strip()}")
+  assert not offenders, ("export with kernels.export(fn, *args, platforms=...), which traces inside "
+                         f"kernels.lowering_for: {offenders}")
 
 
 def test_dropout_draws_from_the_configured_prng():

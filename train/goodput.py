@@ -10,7 +10,8 @@
 Every second of an interval lands in exactly one part: `step` is what the measured parts leave of the
 interval's wall-clock, so the parts sum to it. Compilation is read from JAX's own compile events
 (jax.monitoring: tracing, lowering, XLA compilation or a persistent-cache read), wherever it happens (the
-first call of a step, the first evaluation), and taken out of the part it happened in. With asynchronous
+first call of a step, the first evaluation), and taken out of the part it happened in; the run's summary
+names its kinds (COMPILE_KINDS). With asynchronous
 dispatch the host fetches the next batch while the device still computes the last step, so `input` is
 the host's time in the input pipeline: an upper bound on the device's wait for it.
 """
@@ -23,23 +24,28 @@ import time
 import jax
 
 PARTS = ("step", "input", "eval", "checkpoint", "compile")
-# tracing, lowering, XLA compilation (which includes a persistent-cache read where one hits)
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-_compile_seconds = {"main": 0.0}   # compile seconds reported in this process's main thread so far
+# JAX's events for tracing (outermost jits only), lowering to StableHLO, and XLA compilation, which
+# includes reading the persistent compilation cache where it holds the program (its own event)
+_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+           "/jax/core/compile/backend_compile_duration": "backend compile",
+           "/jax/compilation_cache/cache_retrieval_time_sec": "cache reads"}
+COMPILE_KINDS = ("tracing", "lowering", "cache reads", "backend compile")
+# seconds reported in this process's main thread so far; "backend compile" with its cache reads
+_compile_seconds = dict.fromkeys(COMPILE_KINDS, 0.0)
 _registered = []
 
 
 def _on_event(name: str, seconds: float, **kwargs) -> None:
-  if name.startswith(_COMPILE_EVENTS) and threading.current_thread() is threading.main_thread():
-    _compile_seconds["main"] += seconds
+  if name in _EVENTS and threading.current_thread() is threading.main_thread():
+    _compile_seconds[_EVENTS[name]] += seconds
 
 
 def _compiled() -> float:
   if not _registered:   # one listener per process, however many runs it trains
     jax.monitoring.register_event_duration_secs_listener(_on_event)
     _registered.append(True)
-  return _compile_seconds["main"]
+  return sum(_compile_seconds[kind] for kind in COMPILE_KINDS if kind != "cache reads")
 
 
 class Goodput:
@@ -50,6 +56,7 @@ class Goodput:
     self._interval = dict.fromkeys(PARTS, 0.0)
     self._start = time.perf_counter()
     self._compile_mark = _compiled()
+    self._kinds_mark = dict(_compile_seconds)
 
   @contextlib.contextmanager
   def part(self, name: str):
@@ -80,7 +87,10 @@ class Goodput:
     """One line: the whole run's split, in seconds and shares of the wall-clock."""
     wall = max(sum(self.total.values()), 1e-9)
     parts = ", ".join(f"{k} {self.total[k]:.1f} s ({self.total[k] / wall:.0%})" for k in PARTS)
-    return f"[train] time: {wall:.1f} s = {parts}; goodput {self.total['step'] / wall:.0%}"
+    kinds = {k: _compile_seconds[k] - self._kinds_mark[k] for k in COMPILE_KINDS}
+    kinds["backend compile"] -= kinds["cache reads"]
+    compile_kinds = ", ".join(f"{k} {kinds[k]:.1f} s" for k in COMPILE_KINDS)
+    return f"[train] time: {wall:.1f} s = {parts} [{compile_kinds}]; goodput {self.total['step'] / wall:.0%}"
 
 
 def interval_metrics(split: dict) -> dict:
