@@ -30,6 +30,7 @@ import submitit
 
 from jobs import preflight
 from run import devices, user_errors
+from train import estimate
 
 FOLDER = "slurm"              # in the run directory: submitit's files and the tasks' logs
 JOB_FILE = "slurm_job.txt"    # in the run directory: the id of the last job submitted for it
@@ -76,6 +77,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc --sbatch exclusive (repeatable)")
   group.add_argument("--max_requeues", type=int, default=3, help="requeues after hitting the time limit")
+  parser.add_argument("--estimate", action="store_true",
+                      help="print the run's (each trial's) steps, tokens and projected hours and GPU-hours on "
+                           "--nodes x --gpus_per_node GPUs (train/estimate.py), and exit: nothing is submitted")
   group.add_argument("--save_window", type=int, default=SAVE_WINDOW, metavar="SECONDS",
                      help=f"seconds before the time limit at which SLURM warns the job, which then saves "
                           f"and is requeued (default {SAVE_WINDOW}: the slowest save measured, the big "
@@ -462,6 +466,11 @@ def main(argv=None) -> int:
     options = options_from(args)
   except ValueError as error:
     parser.error(str(error))
+  if args.estimate:   # a dry run: nothing is checked on disk or submitted
+    with user_errors.reported():
+      config = preflight.train_config(rest, "gpu" if options.gpus_per_node else "cpu")[0]
+    print(estimate.for_job(config, options.nodes, options.gpus_per_node))
+    return 0
   if not any(a == "--workdir" or a.startswith("--workdir=") for a in rest):
     parser.error("give the run's --workdir after -- (the job's logs and its id go there)")
   with user_errors.reported():   # a mistake the node would find after the queue: one line, status 2

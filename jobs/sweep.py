@@ -45,6 +45,7 @@ import time
 import experiments
 from run.user_errors import UserError, reported
 from run.workdir import RunDirLocked, RunLock, write_atomically
+from train import estimate
 from train.signals import SignalFlag
 from jobs import preflight, slurm, sweep_trial
 from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
@@ -348,6 +349,16 @@ def main(argv=None) -> int:
   if args.parallel < 1:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")
   only = [name for name in args.only.split(",") if name]
+  if args.estimate:   # a dry run (train/estimate.py): each trial's config as its job loads it; nothing starts
+    with reported():
+      shared, gpus = [s.removeprefix("--") for s in rest], args.gpus_per_node if args.launcher == "slurm" else 0
+      configs = [(t.name, preflight.train_config(trial_command(args.config, pathlib.Path(args.workdir) / t.name,
+                                                               shared, t.overrides, trainer=()),
+                                                 "gpu" if gpus else "cpu")[0])
+                 for t in declared_trials(args.config, [s.removeprefix("config.") for s in shared])[0]
+                 if not only or t.name in only]
+      print(estimate.for_sweep(configs, max(1, args.nodes * gpus), estimate.gpu_kinds(gpus)))
+    return 0
   with reported():   # user errors: one line `error: ...`, exit status 2
     start, poll_seconds = start_local, 0.5
     if args.launcher == "slurm":

@@ -40,7 +40,7 @@ from run import user_errors
 from run.console import log_to_console
 from run.checkpoint import CheckpointMismatch
 from run.config import diff_configs
-from train import multihost
+from train import estimate, multihost
 from train.train import NonFiniteError, train_and_evaluate
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -80,6 +80,9 @@ def main(argv=None) -> None:
   group.add_argument("--check_devices", action="store_true",
                      help="join the job, have every process log its devices, check them, and exit "
                           "(a cluster's preflight; no config or run directory needed)")
+  parser.add_argument("--estimate", action="store_true",
+                      help="print the run's steps, tokens and projected hours and device-hours on this host's "
+                           "devices (train/estimate.py), and exit: nothing starts")
   args, rest = parser.parse_known_args(argv)
   bad = [a for a in rest if not (a.startswith("--config.") and "=" in a)]
   if bad:
@@ -89,6 +92,9 @@ def main(argv=None) -> None:
     experiments.apply_overrides(config, [a.removeprefix("--config.") for a in rest])
   except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as error:
     parser.error(str(error).strip("'\""))
+  if args.estimate:   # a dry run, before any process group or run directory starts
+    print(estimate.report_here(_for_platform(args.config, rest, config, jax.default_backend()), jax.devices()))
+    return
   absl_logging.set_verbosity(absl_logging.WARNING)   # Orbax logs every file it renames at INFO
   log_to_console()
   if jax.config.jax_compilation_cache_dir is None:   # a JAX_COMPILATION_CACHE_DIR the user set wins
