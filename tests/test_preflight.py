@@ -1,19 +1,24 @@
 """Mistakes caught before the queue (jobs/preflight.py), the CPUs and the save window the sbatch script asks
-for (jobs/slurm.py), and the same mistakes caught again on the node (run/devices.py).
+for (jobs/slurm.py), the same mistakes caught again on the node (run/devices.py), and a time limit's
+signal that arrives during a dev evaluation (train/train.py).
 
 A fake `sbatch` first on PATH records every call and answers as SLURM does, so a refusal is seen to
 submit nothing, and an accepted submission leaves the script submitit wrote for sbatch to read.
 """
+import json
 import logging
 import os
 import pathlib
-import sys
+import signal
 
 import pytest
 
 from jobs import preflight, search, slurm, sweep
 from run import config as config_io
 from run import devices
+from train import step as step_lib
+from train import train as train_lib
+from train.train import train_and_evaluate
 import experiments
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -170,3 +175,52 @@ def test_cpus_other_than_the_job_asked_for_are_named_in_one_line(monkeypatch):
     logging.getLogger("run.devices").removeHandler(handler)
   (warning,) = [r.getMessage() for r in records]
   assert "may use 1 CPU" in warning and "SLURM_CPUS_PER_TASK=4" in warning
+
+
+# --- time limits: a signal during a dev evaluation (train/train.py) -----------------------------------------
+
+@pytest.mark.slow   # three short smoke runs: ~25 s
+def test_a_signal_during_a_dev_evaluation_cuts_it_short_saves_and_resumes(tmp_path, monkeypatch):
+  """SIGTERM (SLURM's time limit, passed on by task 0) during the dev loss, then during the dev BLEU: each
+  cuts its evaluation short, the step is saved, and the rerun (what the requeued job runs) resumes it."""
+  real_eval, real_translate, calls, translated, signal_at = step_lib.jit_eval_step, train_lib.translate, [], [], []
+
+  def signalling_eval_step(*args, **kwargs):
+    compiled = real_eval(*args, **kwargs)
+
+    def eval_step(params, batch):
+      calls.append(1)
+      if len(calls) in signal_at:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return compiled(params, batch)
+    return eval_step
+
+  def signalling_translate(*args, **kwargs):
+    translated.append(1)
+    if -len(translated) in signal_at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real_translate(*args, **kwargs)
+
+  monkeypatch.setattr(step_lib, "jit_eval_step", signalling_eval_step)
+  monkeypatch.setattr(train_lib, "translate", signalling_translate)
+  monkeypatch.setattr(train_lib, "BLEU_CHUNK", 16)   # the 64 dev sentences in 4 chunks
+  config = experiments.apply_overrides(experiments.load_experiment(SMOKE), {
+      "train.num_steps": 6, "train.eval_every": 2, "train.bleu_every": 4, "train.log_every": 1,
+      "train.checkpoint_every_steps": 0, "train.checkpoint_every_minutes": 0.0, "train.test_bleu": False,
+      "train.progress": False, "train.tensorboard": False})
+  workdir = tmp_path / "run"
+  evals = lambda: [line["step"] for line in map(json.loads, open(workdir / "metrics.jsonl")) if "eval/loss" in line]
+  saved = lambda: sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  # During the dev loss at step 2, after its 2nd batch.
+  signal_at[:] = [2]
+  outcome = train_and_evaluate(config, workdir)
+  assert (outcome.interrupted, outcome.step, len(calls), saved(), evals()) == ("SIGTERM", 2, 2, [2], [])
+  # Resumed: step 2's evaluation is not redone; during step 4's dev BLEU, in its first of 4 chunks.
+  signal_at[:], calls[:] = [-1], []
+  outcome = train_and_evaluate(config, workdir)
+  assert (outcome.interrupted, outcome.step, len(translated), saved(), evals()) == ("SIGTERM", 4, 1, [2, 4], [])
+  assert len(calls) > 2, "the dev loss has more batches than the 2 the first cut evaluation ran"
+  # Resumed again: it ends with whole evaluations.
+  signal_at[:] = []
+  outcome = train_and_evaluate(config, workdir)
+  assert (outcome.interrupted, outcome.step, evals()) == (None, 6, [6])

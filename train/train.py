@@ -58,6 +58,9 @@ TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "e
                *(f"time/{part}_s" for part in (*goodput.PARTS, "wall")))
 # config.train.rng_impl -> jax's PRNG implementation of the dropout key.
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+# A periodic dev BLEU translates this many sentences between looks at the signal flag, so that SIGTERM
+# (SLURM's time limit, jobs.submit --save_window) cuts a long dev evaluation short and the run saves.
+BLEU_CHUNK = 512
 
 
 class NonFiniteError(RuntimeError):
@@ -88,25 +91,39 @@ def _say(message: str) -> None:
     log.info(message)
 
 
-def _evaluate(eval_fn, params, batches, mesh) -> dict:
-  """Dev loss/ppl/accuracy over a list of host batches (one device-to-host fetch at the end)."""
-  outs = jax.device_get([eval_fn(params, step_lib.place_batch(batch, mesh)) for batch in batches])
+def _evaluate(eval_fn, params, batches, mesh, stop=lambda: False) -> dict | None:
+  """Dev loss/ppl/accuracy over a list of host batches (one device-to-host fetch at the end); None where
+  stop() (asked after each batch: a signal, the same answer in every process) cut it short."""
+  outs = []
+  for batch in batches:
+    outs.append(eval_fn(params, step_lib.place_batch(batch, mesh)))
+    if len(outs) > 1:
+      jax.block_until_ready(outs[-2])   # one batch in flight, so that a signal is seen within a batch
+    if stop():
+      return None
+  outs = jax.device_get(outs)
   sums = {key: float(np.sum([np.float64(out[key]) for out in outs])) for key in outs[0]}
   return step_lib.finish_eval(sums)
 
 
-def _bleu(model, params, vocab, pairs, decode_config, source_eos):
+def _bleu(model, params, vocab, pairs, decode_config, source_eos, stop=None):
   """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses).
 
   With several processes each translates its share of the sentences on its own devices, and all get all
-  the hypotheses (the same ones as one process would find).
+  the hypotheses (the same ones as one process would find). stop: asked before each BLEU_CHUNK sentences
+  (a dev evaluation a signal may cut short: then None); None: all in one go.
   """
   model, host_params = layout.unrolled(model, multihost.host_tree(params))   # decoding reads layer by layer
-  hyps = multihost.map_split(
-      lambda sources: translate(model, host_params, vocab, sources, beam_size=decode_config.beam_size,
-                                alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
-                                batch_tokens=decode_config.batch_tokens, source_eos=source_eos),
-      [s for s, _ in pairs])
+  sources, hyps = [s for s, _ in pairs], []
+  chunk = BLEU_CHUNK if stop is not None else max(len(sources), 1)
+  for first in range(0, len(sources), chunk):
+    if stop is not None and stop():
+      return None
+    hyps += multihost.map_split(
+        lambda part: translate(model, host_params, vocab, part, beam_size=decode_config.beam_size,
+                               alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
+                               batch_tokens=decode_config.batch_tokens, source_eos=source_eos),
+        sources[first:first + chunk])
   score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
   return float(score), signature, hyps
 
@@ -356,15 +373,22 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
                                       drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
-  def evaluate(step, with_bleu):
+  def evaluate(step, with_bleu, stop=lambda: False):
+    """The dev metrics, written; None where stop() (a signal) cut them short: nothing is written."""
     with clock.part("eval"):
       t0 = time.time()
-      result = {f"eval/{k}": v for k, v in _evaluate(eval_step, state.params, data.dev_batches, mesh).items()}
+      losses = _evaluate(eval_step, state.params, data.dev_batches, mesh, stop)
+      if losses is None:
+        return None
+      result = {f"eval/{k}": v for k, v in losses.items()}
       result["eval/seconds"] = time.time() - t0
       if with_bleu:
         t0 = time.time()
-        result["eval/bleu"] = _bleu(model, state.params, data.vocab, data.dev_pairs, config.decode,
-                                    source_eos(config.data))[0]
+        bleu = _bleu(model, state.params, data.vocab, data.dev_pairs, config.decode, source_eos(config.data),
+                     stop)
+        if bleu is None:
+          return None
+        result["eval/bleu"] = bleu[0]
         result["eval/bleu_seconds"] = time.time() - t0
       writer.write(step, result)
     return result
@@ -411,8 +435,11 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
 
       if every(tc.eval_every, step) or step == num_steps:
         with_bleu = tasks.translates(config.data) and bool(every(tc.bleu_every, step)) and step != num_steps
-        eval_result = evaluate(step, with_bleu=with_bleu)
-        if int(tc.get("early_stop_evals", 0)):
+        # A signal during the evaluation cuts it short: this step is saved below, the run stops, and the
+        # resumed run goes on from it (without this step's evaluation).
+        result = evaluate(step, with_bleu=with_bleu, stop=lambda: vote.vote(signals.received is not None))
+        stop, eval_result = stop or result is None, result or eval_result
+        if int(tc.get("early_stop_evals", 0)) and result is not None:
           new_best = _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
           if new_best:   # saved below and kept: the run's model unless a later eval beats it
             keep_best.steps = {step}
