@@ -27,6 +27,7 @@ import sys
 
 import numpy as np
 
+from export.interop import need
 from export.weights import check_exportable, neutral_weights, pieces_of
 from model.config import TransformerConfig
 
@@ -43,7 +44,7 @@ def hf_class_name(cfg: TransformerConfig) -> str:
 
 def hf_config(cfg: TransformerConfig, vocab):
   """The transformers MarianConfig or PegasusConfig equivalent to `cfg` (with the vocabulary's ids)."""
-  import transformers
+  transformers = need("transformers")
   common = dict(
       vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_len, d_model=cfg.d_model,
       encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
@@ -65,7 +66,7 @@ def hf_config(cfg: TransformerConfig, vocab):
 
 def hf_state(params, cfg: TransformerConfig) -> dict:
   """Our params -> the state dict (float32 torch tensors) of hf_class_name(cfg)."""
-  import torch
+  torch = need("torch")
   state = {}
   for name, array in neutral_weights(params, cfg).items():
     key = name if name == "lm_head.weight" else f"model.{name}"
@@ -82,7 +83,7 @@ def hf_state(params, cfg: TransformerConfig) -> dict:
 def to_hf(params, cfg: TransformerConfig, vocab):
   """Our params -> a transformers MarianMTModel or PegasusForConditionalGeneration (float32, eval mode)
   computing the same function."""
-  import transformers
+  transformers = need("transformers")
   check_exportable(cfg, "hf")
   model = getattr(transformers, hf_class_name(cfg))(hf_config(cfg, vocab))
   state = hf_state(params, cfg)
@@ -110,8 +111,8 @@ def _check_reloaded(out: pathlib.Path, model) -> None:
   """Loads `out` as a user would and checks that every weight came back. Marian recomputes its sinusoids
   on loading (in float64, so they differ from ours by float32 rounding); Pegasus keeps the stored table,
   which is what makes learned positions exportable."""
-  import torch
-  import transformers
+  torch = need("torch")
+  transformers = need("transformers")
   reloaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
   if type(reloaded) is not type(model):
     raise RuntimeError(f"{out} loads as {type(reloaded).__name__}, not {type(model).__name__}")
@@ -131,7 +132,7 @@ def export_hf(params, cfg: TransformerConfig, vocab, spm_path, out_dir, *, beam_
   beam_size, alpha: the run's config.decode, as generation_config's num_beams and
   length_penalty (Hugging Face's length penalty is L^alpha, ours GNMT's). Returns the directory.
   """
-  from transformers import MarianTokenizer
+  MarianTokenizer = need("transformers").MarianTokenizer
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   pair = getattr(vocab, "spm_bytes", None)   # a PairVocab (data/vocab.py): its two models and id table

@@ -34,6 +34,7 @@ import numpy as np
 from data.vocab import BOS, PAD, VOCAB_FILE, PairVocab
 from decode import DEFAULTS
 from export.hf import SINUSOID_TOLERANCE
+from export.interop import need
 from export.weights import marian_permutation, params_from_neutral
 from model import Compute, Transformer, TransformerConfig
 from model.embedding import sinusoid
@@ -168,7 +169,7 @@ def read_vocabulary(model_dir, hf: dict) -> tuple[list[int], bytes]:
 def hf_weights(model_dir) -> dict[str, np.ndarray]:
   """Every weight of DIR's model as float32 numpy, Marian's neutral names (no 'model.' prefix), as
   transformers loads them (safetensors or pytorch_model.bin, tied weights filled in)."""
-  import transformers   # the interop extra: only for the import
+  transformers = need("transformers")   # the interop extra: only for the import
   model = transformers.AutoModelForSeq2SeqLM.from_pretrained(model_dir)
   out = {}
   for name, tensor in model.state_dict().items():

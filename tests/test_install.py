@@ -65,10 +65,11 @@ def test_the_lowest_constraints_are_the_lower_bounds():
       assert pins[_canonical(requirement.name)] == lower[0], requirement
 
 
-def test_the_gpu_constraints_are_the_versions_a_gpu_measurement_used_without_pytorch():
+def test_the_gpu_constraints_are_the_versions_a_gpu_measurement_used_with_cis_interop():
   # constraints-gpu.txt: what the lent GPUs ran (scripts/device_check.sh logs `pip list` of the jax family,
   # flax, optax, orbax and numpy), every default dependency and the test extra inside its range, one
-  # version for jax, jaxlib and the CUDA 13 plugin, and nothing of the interop extra (no CUDA torch).
+  # version for jax, jaxlib and the CUDA 13 plugin, and the interop extra as CI tests it (torch's version,
+  # which its CPU build, installed first, meets: no CUDA torch).
   pins = _pins(ROOT / "constraints-gpu.txt")
   for requirement in _requirements(extras=("test",)):
     version = pins.get(_canonical(requirement.name))
@@ -76,7 +77,8 @@ def test_the_gpu_constraints_are_the_versions_a_gpu_measurement_used_without_pyt
   jax_family = {pins[name] for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt")}
   assert len(jax_family) == 1, jax_family
   interop = {_canonical(Requirement(r).name) for r in PYPROJECT["optional-dependencies"]["interop"]}
-  assert not interop & set(pins), interop & set(pins)
+  tested = _pins(ROOT / "constraints.txt")
+  assert {name: pins.get(name) for name in interop} == {name: tested[name] for name in interop}
   log = (ROOT / "benchmarks/results/accelerators/h200-2026-11-27-device_check.log").read_text()
   measured = dict(re.findall(r"^([a-z][a-z0-9_-]+) +(\d[\w.]*)$", log, re.M))
   assert {"jax", "jax-cuda13-plugin", "flax"} <= set(measured), measured
