@@ -120,7 +120,8 @@ def _main(argv) -> None:
   bulk = parser.add_argument_group("a file to a file, at any size (docs/bulk_decoding.md)")
   bulk.add_argument("--shard_lines", type=int, default=None,
                     help="input lines per part: each is translated, and written to OUTPUT.parts/, whole "
-                         "(default: 64 batches of the shortest sentences, at least 10,000)")
+                         "(default: sized from the input's lines and the workers, at most 64 batches of "
+                         "the shortest sentences or 10,000 lines: docs/bulk_decoding.md)")
   bulk.add_argument("--processes", type=int, default=1,
                     help="workers that share the parts, each pinned to its own share of this host's "
                          "devices: its GPU(s), its TPU chip, or on a CPU its cores and --cpu_devices / K "
