@@ -70,23 +70,32 @@ def resolve(kernels: str) -> str:
 
 def on_lowering_platform(fn, cfg, *args):
   """fn(cfg, *args), with cfg.compute.kernels="auto" resolved by the platform the program is lowered for
-  (a model.TransformerConfig): "cpu" for the CPU, "reference" for any other platform.
-
-  A plain jit runs where this process's JAX puts it (its default device, else its default backend): only
-  that platform's branch is traced. Inside `lowering_for(platforms)` (what `export` enters), for platforms
-  other than that one or for several, both branches are traced under jax.lax.platform_dependent and
-  lowering keeps each platform's own, so a step exported from a CPU host for "cuda" is the step a GPU host
-  traces with "reference". args are passed through as arguments: a branch must close over no arrays
-  (jax.export)."""
+  (a model.TransformerConfig): "cpu" for the CPU, "reference" for any other platform, chosen by
+  `platform_dependent` below: a plain jit traces one of them, an export for other platforms both. args are
+  passed through as arguments: a branch must close over no arrays (jax.export)."""
   if cfg.compute.kernels != "auto":
     return fn(cfg, *args)
-  import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
   branch = lambda kernels: functools.partial(fn, cfg.with_compute(kernels=kernels))
+  return platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
+
+
+def platform_dependent(*args, default, **branches):
+  """jax.lax.platform_dependent(*args, default=default, **branches) (branches named by PLATFORMS), tracing
+  only the branch of the platform the program is lowered for wherever that is known.
+
+  A plain jit runs where this process's JAX puts it (its default device, else its default backend), so
+  only that platform's branch is traced. Inside `lowering_for(platforms)` (what `export` enters), for
+  platforms other than that one or for several, every branch is traced under jax.lax.platform_dependent
+  and lowering keeps each platform's own: a step exported from a CPU host for "cuda" is the step a GPU
+  host traces."""
+  import jax   # here, not at the top: kernels.host_memory must be importable before JAX is
+  if set(branches) - set(PLATFORMS):
+    raise ValueError(f"platform_dependent: branches {sorted(branches)}; name each by one of {list(PLATFORMS)}")
   host = _host_platform()
   platforms = _LOWERING[0].value if _LOWERING else None
   if platforms is None or platforms == (host,):
-    return branch("cpu" if host == "cpu" else "reference")(*args)
-  return jax.lax.platform_dependent(*args, cpu=branch("cpu"), default=branch("reference"))
+    return branches.get(host, default)(*args)
+  return jax.lax.platform_dependent(*args, default=default, **branches)
 
 
 # jax.export's names of the platforms a program can be lowered for
