@@ -77,9 +77,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="an extra #SBATCH option, e.g. --sbatch account=abc --sbatch exclusive (repeatable)")
   group.add_argument("--max_requeues", type=int, default=3, help="requeues after hitting the time limit")
-  parser.add_argument("--estimate", action="store_true",
-                      help="print the run's (each trial's) steps, tokens and projected hours and GPU-hours on "
-                           "--nodes x --gpus_per_node GPUs (train/estimate.py), and exit: nothing is submitted")
   group.add_argument("--save_window", type=int, default=SAVE_WINDOW, metavar="SECONDS",
                      help=f"seconds before the time limit at which SLURM warns the job, which then saves "
                           f"and is requeued (default {SAVE_WINDOW}: the slowest save measured, the big "
@@ -224,11 +221,11 @@ class JobInfo:
     return self.state in _ALIVE
 
 
-def _ask(command: list[str]) -> str:
-  """The output of a squeue or sacct call, tried again after each pause of BACKOFF; NotAnswering if the
-  last try failed too."""
+def _ask(command: list[str], backoff=None) -> str:
+  """The output of a squeue or sacct call, tried again after each pause of backoff (default BACKOFF);
+  NotAnswering if the last try failed too."""
   problem = ""
-  for pause in (0.0, *BACKOFF):
+  for pause in (0.0, *(BACKOFF if backoff is None else backoff)):
     time.sleep(pause)
     try:
       done = subprocess.run(command, text=True, capture_output=True, timeout=QUERY_TIMEOUT)
@@ -246,21 +243,23 @@ def _ask(command: list[str]) -> str:
   raise NotAnswering(f"`{command[0]}` {problem}")
 
 
-def query(job_ids) -> dict[str, JobInfo]:
+def query(job_ids, backoff=None) -> dict[str, JobInfo]:
   """{job id: JobInfo} for every id: one squeue call for all of them (it knows finished jobs for
   MinJobAge seconds, so this works without accounting), then one sacct call for those squeue no longer
-  lists; ENDED for a job neither knows. Raises NotAnswering when SLURM does not answer."""
+  lists; ENDED for a job neither knows. Raises NotAnswering when SLURM does not answer (backoff: the
+  pauses before retries, default BACKOFF)."""
   ids = sorted({str(i) for i in job_ids})
   if not ids:
     return {}
   found = {}
-  for line in _ask(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %N", "--states=all"]).splitlines():
+  squeue = ["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %N", "--states=all"]
+  for line in _ask(squeue, backoff).splitlines():
     fields = line.split()
     if len(fields) >= 2 and fields[0] in ids:
       found[fields[0]] = JobInfo(fields[1], " ".join(fields[2:]))
   forgotten = [i for i in ids if i not in found]
   if forgotten:
-    out = _ask(["sacct", "-n", "-X", "-P", "-j", ",".join(forgotten), "-o", "JobID,State,NodeList"])
+    out = _ask(["sacct", "-n", "-X", "-P", "-j", ",".join(forgotten), "-o", "JobID,State,NodeList"], backoff)
     for line in out.splitlines():   # a requeued job has a line per start: the last one counts
       job_id, _, rest = line.partition("|")
       state, _, nodes = rest.partition("|")
@@ -459,6 +458,9 @@ def main(argv=None) -> int:
                                    usage="python -m jobs.submit [SLURM flags] [--wait] -- TRAIN_FLAGS")
   add_flags(parser)
   parser.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 if it completed")
+  parser.add_argument("--estimate", action="store_true",
+                      help="print the run's steps, tokens and projected hours and GPU-hours on --nodes x "
+                           "--gpus_per_node GPUs (train/estimate.py), and exit: nothing is submitted")
   argv = sys.argv[1:] if argv is None else list(argv)
   ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
   args = parser.parse_args(ours)

@@ -49,7 +49,7 @@ from train import estimate
 from train.signals import SignalFlag
 from jobs import preflight, slurm, sweep_trial
 from jobs.sweep_report import fmt_number, format_overrides, markdown_table, trial_row, write_results
-from jobs.sweep_trial import (DONE, LOG, STATUS, TrialResult, mark_done, read_status, reached_end,
+from jobs.sweep_trial import (DONE, HPARAMS, LOG, STATUS, TrialResult, mark_done, read_status, reached_end,
                               write_hparams, write_status)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+=-]+$")
@@ -345,6 +345,9 @@ def main(argv=None) -> int:
                       help="trials running at once, or on SLURM queued or running at once (default 1)")
   parser.add_argument("--only", default="", help="comma-separated trial names to run (default: all)")
   add_launcher_flags(parser)
+  parser.add_argument("--estimate", action="store_true",
+                      help="print each trial's steps, tokens and projected hours on --nodes x --gpus_per_node "
+                           "GPUs (train/estimate.py), and exit: nothing starts")
   args, rest = parse_with_overrides(parser, argv, "shared overrides")
   if args.parallel < 1:
     parser.error(f"--parallel must be >= 1, got {args.parallel}")

@@ -28,6 +28,7 @@ import sys
 import time
 
 from tensorboardX import SummaryWriter
+from tensorboardX.summary import hparams
 
 from run import config as config_io
 from run import metrics as metrics_io
@@ -108,8 +109,11 @@ def write_hparams(trial_dir: pathlib.Path, overrides: dict) -> None:
   view: `tensorboard --logdir SWEEP_DIR` shows every trial of the sweep side by side."""
   params = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in overrides.items()}
   metrics = {f"hparams/{k}": v for k, v in final_metrics(trial_dir).items()}
-  with SummaryWriter(str(pathlib.Path(trial_dir) / metrics_io.TB)) as writer:
-    writer.add_hparams(params or {"trial": pathlib.Path(trial_dir).name}, metrics, name=HPARAMS)
+  with SummaryWriter(str(pathlib.Path(trial_dir) / metrics_io.TB / HPARAMS)) as writer:
+    for summary in hparams(params or {"trial": pathlib.Path(trial_dir).name}, metrics):
+      writer.file_writer.add_summary(summary)
+    for key, value in metrics.items():   # the values the HParams view shows beside the trial's settings
+      writer.add_scalar(key, value)
 
 
 @dataclasses.dataclass(frozen=True)
