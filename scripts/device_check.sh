@@ -24,6 +24,8 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 $PY -m pip list 2>/dev/null | grep -E "^(jax|jaxlib|jax-cuda.*|flax|optax|orbax-checkpoint|numpy) "
+$PY -c "import pytest" 2>/dev/null || echo "pytest is not installed: the pytest stage below will fail;" \
+  "install the GPU line with the test extra: pip install -e '.[gpu]' -c constraints-gpu.txt (docs/install.md)"
 
 stage "pytest: cuDNN attention (dense mask; lengths and causal flag) against XLA's, forward and gradient"
 JAX_PLATFORMS=cuda timeout 60 $PY -m pytest -q -p no:cacheprovider tests/test_fused_attention.py -k cudnn 2>&1 | tail -6

@@ -597,3 +597,28 @@ def test_a_slurm_launch_is_refused_before_the_queue(run, source, tmp_path, monke
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and named in err and err.count("\n") == 1, err
   assert not sbatch.exists()
+
+
+def test_a_second_local_launch_watches_the_running_launcher_and_starts_no_workers(run, source, tmp_path,  # noqa: F811
+                                                                                  monkeypatch, capsys):
+  from decode import __main__ as decode_cli
+  monkeypatch.setattr(decode_cli, "WATCH_SECONDS", 0.05)
+  out = tmp_path / "hyp.txt"
+  directory = job_lib.job_dir(out)
+  directory.mkdir()
+  # A first launcher, still running on this host: a process that recorded its launch and sleeps.
+  first = subprocess.Popen([sys.executable, "-c", "import sys, time; from decode import job; "
+                            "job.record_launch(sys.argv[1], 'local', ['--processes', '2']); time.sleep(60)",
+                            str(directory)], env=clean_env(PYTHONPATH=str(ROOT)), cwd=ROOT)
+  while not (directory / job_lib.LAUNCH).exists():
+    assert first.poll() is None
+    time.sleep(0.05)
+  threading.Timer(2.0, first.kill).start()
+  with pytest.raises(SystemExit) as exit_info:
+    decode_main(["--workdir", str(run), "--input", str(source), "--output", str(out), "--no_progress",
+                 "--processes", "2"])
+  first.wait()
+  err = capsys.readouterr().err
+  assert f"the launcher pid {first.pid} on" in err and "is already decoding" in err, err
+  assert exit_info.value.code == 2 and f"has ended and {out} is not finished" in err
+  assert not (directory / job_lib.MANIFEST).exists()     # no worker of its own started
