@@ -38,10 +38,10 @@ from export.interop import need
 from export.weights import marian_permutation, params_from_neutral
 from model import Compute, Transformer, TransformerConfig
 from model.embedding import sinusoid
+from run import Keep, RunDir
 from run import checkpoint as ckpt
-from run.config import save_config
 from run.user_errors import USER_ERRORS, UserError, fail
-from run.workdir import make_run_dir, write_atomically, write_versions
+from run.workdir import write_atomically
 
 CLASSES = {"marian": "MarianMTModel", "pegasus": "PegasusForConditionalGeneration"}
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}   # Hugging Face's name -> ours
@@ -262,19 +262,17 @@ def import_hf(model_dir, workdir) -> pathlib.Path:
   order, vocab_bytes = read_vocabulary(model_dir, hf)
   params, cfg = import_weights(hf_weights(model_dir), settings, order,
                                forbidden_pad=order[BOS] == order[PAD] and pad_is_forbidden(model_dir, hf))
-  make_run_dir(workdir)
-  vocab = PairVocab(vocab_bytes, workdir / VOCAB_FILE)
-  write_atomically(workdir / VOCAB_FILE, vocab_bytes)
   ours = model_dir / "aiayn_export.json"   # written by python -m export
   source_eos = json.loads(ours.read_text()).get("source_eos", True) if ours.exists() else True
-  save_config(run_config(settings, cfg, hf, source_eos), workdir)
-  write_versions(workdir)
-  manager = ckpt.make_manager(workdir, async_save=False)
-  ckpt.save(manager, 0, params, None, {"step": 0, "vocab_fingerprint": vocab.fingerprint,
-                                       "imported_from": str(model_dir.absolute()),
-                                       "hf_class": CLASSES[hf["model_type"]]})
-  manager.wait_until_finished()
-  manager.close()
+  # The run directory, opened once: it writes step 0 of RUN/checkpoints.
+  with RunDir(workdir, write={ckpt.CHECKPOINTS: Keep(async_save=False)}).create() as run:
+    vocab = PairVocab(vocab_bytes, run.path / VOCAB_FILE)
+    write_atomically(run.path / VOCAB_FILE, vocab_bytes)
+    run.save_config(run_config(settings, cfg, hf, source_eos))
+    run.write_versions()
+    ckpt.save(run.checkpoints(), 0, params, None, {"step": 0, "vocab_fingerprint": vocab.fingerprint,
+                                                   "imported_from": str(model_dir.absolute()),
+                                                   "hf_class": CLASSES[hf["model_type"]]})
   return workdir
 
 

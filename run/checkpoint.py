@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a run: save, restore with fallback, and `load_params` for decoding.
+"""Orbax checkpoints of a run: save, restore with fallback, and `read_params` for decoding.
 
 Layout: workdir/checkpoints/<step>/{params, opt_state, meta} (an Orbax CheckpointManager: by steps, by wall
 clock, at the end and on preemption; what training resumes from), workdir/checkpoints_to_average/<step>/
@@ -9,7 +9,7 @@ workdir/averaged/<step>/{params, meta} (written by train/average.py).
 - meta (JSON): step, the run's train RNG key (uint32 words), the data iterator state, the vocabulary
   fingerprint, the seed and early stopping's state (the best dev loss and its step, `best_step`).
 The manager keeps the last `keep` steps and any step the trainer marks (KeepSteps): with early stopping,
-the step of the best dev loss, however old. `load_params` reads that step by default for such a run
+the step of the best dev loss, however old. `read_params` reads that step by default for such a run
 (the run's model is its best checkpoint by dev loss); `latest` reads the newest.
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a crash during a
 save leaves the previous checkpoints intact; an incomplete or damaged checkpoint is skipped on restore with
@@ -212,12 +212,13 @@ def _restore_one(manager, step, abstract_params, abstract_opt_state, reset_optim
   return restored["params"], opt_state, meta
 
 
-def restore_latest(workdir, manager, abstract_params, abstract_opt_state, reset_optimizer=False):
-  """Restores the newest readable checkpoint into the given abstract trees (shapes, dtypes, shardings).
+def restore_latest(manager, abstract_params, abstract_opt_state, reset_optimizer=False):
+  """Restores the newest readable checkpoint of `manager` into the given abstract trees (shapes, dtypes,
+  shardings).
 
   Checkpoints with missing or damaged files are skipped with a warning naming them, and moved to
-  workdir/checkpoints_unreadable/<step> (then the manager is reloaded); in a multi-process run process 0
-  moves them. A readable checkpoint that does not fit raises CheckpointMismatch (nothing is moved).
+  RUN/checkpoints_unreadable/<step> beside the manager's directory (then the manager is reloaded); in a
+  multi-process run process 0 moves them. A readable checkpoint that does not fit raises CheckpointMismatch (nothing is moved).
   reset_optimizer: a checkpoint whose optimizer state does not fit restores without it (opt_state None).
   Returns (params, opt_state, meta, manager) or (None, None, None, manager) if there is no checkpoint.
   """
@@ -233,7 +234,7 @@ def restore_latest(workdir, manager, abstract_params, abstract_opt_state, reset_
                     f"one", RuntimeWarning, stacklevel=2)
       skipped.append(step)
   if skipped:
-    aside = pathlib.Path(workdir).absolute() / UNREADABLE
+    aside = pathlib.Path(manager.directory).parent / UNREADABLE
     if jax.process_index() == 0:
       aside.mkdir(exist_ok=True)
       for step in skipped:
@@ -259,64 +260,81 @@ def _host_abstract(tree_metadata):
 
 
 def load_params(workdir, checkpoint=None, *, directory: str | None = None):
-  """Parameters of a run for decoding or fine-tuning: -> (params, step).
+  """read_params of run directory `workdir` through a manager opened for this one read: for tests and
+  notebooks. Commands open the run once (run.RunDir) and read through its managers."""
+  directory = directory or (AVERAGED if checkpoint == "averaged" else CHECKPOINTS)
+  check_readable(pathlib.Path(workdir).absolute() / directory)
+  manager = make_manager(workdir, directory=directory, read_only=True)
+  try:
+    return read_params(manager, checkpoint)
+  finally:
+    manager.close()
+
+
+def _hint(directory: str) -> str:
+  return ("run `python -m train.average --workdir RUN` first" if directory == AVERAGED
+          else WRITTEN_BY_TRAIN + ", and let it save a checkpoint")
+
+
+def check_readable(path: pathlib.Path) -> None:
+  """A UserError naming `path` (a run's checkpoint set) unless it is a directory."""
+  run_file(path.parent, path.name)
+  if not path.is_dir():
+    raise UserError(f"no checkpoints in {path}: {_hint(path.name)}")
+
+
+def read_params(manager: ocp.CheckpointManager, checkpoint=None):
+  """Parameters of one checkpoint of `manager`'s set, for decoding, fine-tuning or averaging: -> (params,
+  step).
 
   checkpoint: None = the run's model: for a run trained with early stopping (config.train.early_stop_evals)
-  its checkpoint of the best dev loss, else the newest readable training checkpoint; 'latest' = the
-  newest; 'best' = the best dev loss's (early stopping only); an int = that step; 'averaged' = the
-  average written by `python -m train.average`. directory: another checkpoint set of the run to read
-  (TO_AVERAGE). Arrays land on the first local device.
+  its checkpoint of the best dev loss, else the newest readable checkpoint; 'latest' = the newest; 'best' =
+  the best dev loss's (early stopping only); an int = that step; 'averaged' = the newest of the set (the
+  manager of RUN/averaged). Arrays land on the first local device. An unreadable checkpoint falls back to
+  an older one with a warning, unless a step was asked for.
   """
-  directory = directory or (AVERAGED if checkpoint == "averaged" else CHECKPOINTS)
-  path = run_file(pathlib.Path(workdir).absolute(), directory)
-  hint = ("run `python -m train.average --workdir RUN --last K` first" if directory == AVERAGED
-          else WRITTEN_BY_TRAIN + ", and let it save a checkpoint")
-  if not path.is_dir():
-    raise UserError(f"no checkpoints in {path}: {hint}")
+  path = pathlib.Path(manager.directory)
+  hint = _hint(path.name)
   if not (checkpoint in (None, "averaged", "latest", "best") or type(checkpoint) is int):
     raise ValueError(f"checkpoint={checkpoint!r}: use None (the run's model), 'latest', 'best', a step "
                      f"number or 'averaged'")
   try:
-    manager = make_manager(workdir, directory=directory, read_only=True)
     steps = sorted(manager.all_steps(), reverse=True)
   except OSError as error:
     raise UserError(f"cannot read the checkpoints in {path} ({error.strerror}): check its "
                     f"permissions") from None
-  try:
-    if checkpoint in (None, "best") and steps and directory == CHECKPOINTS:
-      best = best_step(workdir, steps)
-      if best is None and checkpoint == "best":
-        raise UserError(f"{path} has no best checkpoint by dev loss: the run was trained without early "
-                        f"stopping (config.train.early_stop_evals); pass a step, 'latest' or 'averaged'")
-      if best is not None and best != steps[0]:
-        log.info(f"[checkpoint] {workdir}: the best dev loss's checkpoint, step {best} (early stopping; "
-                 f"--checkpoint latest reads step {steps[0]})")
-      checkpoint = best
-    if type(checkpoint) is int:
-      if checkpoint not in steps:
-        raise UserError(f"{path} has no checkpoint for step {checkpoint}; it has {sorted(steps)}: pass one "
-                        f"of those to --checkpoint, or none for the newest")
-      steps = [checkpoint]
-    if not steps:
-      raise UserError(f"{path} holds no complete checkpoint: {hint}")
-    for i, step in enumerate(steps):
-      try:
-        metadata = manager.item_metadata(step)["params"]
-        if metadata is None:
-          raise ValueError(f"no parameter metadata in {path / str(step)}")
-        abstract = _host_abstract(metadata.tree if hasattr(metadata, "tree") else metadata)
-        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
-        return restored["params"], step
-      except Exception as error:  # noqa: BLE001 - missing or damaged files, whatever the library raises
-        if i == len(steps) - 1:
-          raise UserError(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
-                          f"{' '.join(str(error).split())[:200]}): its files are missing or damaged; "
-                          f"restore them, or pass another step to --checkpoint") from None
-        warnings.warn(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
-                      f"{str(error)[:200]}); falling back to step {steps[i + 1]}", RuntimeWarning,
-                      stacklevel=2)
-  finally:
-    manager.close()
+  if checkpoint in (None, "best") and steps and path.name == CHECKPOINTS:
+    best = best_step(path.parent, steps)
+    if best is None and checkpoint == "best":
+      raise UserError(f"{path} has no best checkpoint by dev loss: the run was trained without early "
+                      f"stopping (config.train.early_stop_evals); pass a step, 'latest' or 'averaged'")
+    if best is not None and best != steps[0]:
+      log.info(f"[checkpoint] {path.parent}: the best dev loss's checkpoint, step {best} (early stopping; "
+               f"--checkpoint latest reads step {steps[0]})")
+    checkpoint = best
+  if type(checkpoint) is int:
+    if checkpoint not in steps:
+      raise UserError(f"{path} has no checkpoint for step {checkpoint}; it has {sorted(steps)}: pass one "
+                      f"of those to --checkpoint, or none for the newest")
+    steps = [checkpoint]
+  if not steps:
+    raise UserError(f"{path} holds no complete checkpoint: {hint}")
+  for i, step in enumerate(steps):
+    try:
+      metadata = manager.item_metadata(step)["params"]
+      if metadata is None:
+        raise ValueError(f"no parameter metadata in {path / str(step)}")
+      abstract = _host_abstract(metadata.tree if hasattr(metadata, "tree") else metadata)
+      restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+      return restored["params"], step
+    except Exception as error:  # noqa: BLE001 - missing or damaged files, whatever the library raises
+      if i == len(steps) - 1:
+        raise UserError(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
+                        f"{' '.join(str(error).split())[:200]}): its files are missing or damaged; "
+                        f"restore them, or pass another step to --checkpoint") from None
+      warnings.warn(f"checkpoint {path / str(step)} is unreadable ({type(error).__name__}: "
+                    f"{str(error)[:200]}); falling back to step {steps[i + 1]}", RuntimeWarning,
+                    stacklevel=2)
 
 
 def best_step(workdir, steps=None) -> int | None:

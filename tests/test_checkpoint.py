@@ -43,7 +43,7 @@ def test_round_trip_is_exact_and_sharded(tmp_path):
   mesh = make_mesh()
   manager = write_checkpoints(tmp_path, mesh, [10, 20])
   params, opt_state = make_state(mesh, 20.0)
-  got_params, got_opt, meta, manager = ckpt.restore_latest(tmp_path, manager, abstract_of(params),
+  got_params, got_opt, meta, manager = ckpt.restore_latest(manager, abstract_of(params),
                                                            abstract_of(opt_state))
   manager.close()
   assert meta["step"] == 20 and meta["data"] == {"epoch": 1, "index": 20}
@@ -65,7 +65,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
   params, opt_state = make_state(mesh, 0.0)
   manager = ckpt.make_manager(tmp_path)
   with pytest.warns(RuntimeWarning, match=r"checkpoints/30 is unreadable"):
-    got_params, _, meta, manager = ckpt.restore_latest(tmp_path, manager, abstract_of(params),
+    got_params, _, meta, manager = ckpt.restore_latest(manager, abstract_of(params),
                                                        abstract_of(opt_state))
   assert meta["step"] == 20
   np.testing.assert_array_equal(jax.device_get(got_params["dense"]["bias"]), np.full(3, 20.0, np.float32))
@@ -105,8 +105,13 @@ def test_averaging_arithmetic(tmp_path, capsys):
   np.testing.assert_allclose(params["dense"]["bias"], np.full(3, 300.0), rtol=0, atol=0)
   expected_kernel = np.arange(64, dtype=np.float32).reshape(8, 8) / 64 + 300.0
   np.testing.assert_allclose(params["dense"]["kernel"], expected_kernel, rtol=1e-7)
-  # Averaging again replaces the earlier average.
-  average.average_checkpoints(tmp_path, last=1)
+  # Averaging other steps is refused while RUN/averaged holds an average, unless --overwrite.
+  with pytest.raises(SystemExit):
+    average.main(["--workdir", str(tmp_path), "--last", "1"])
+  assert "holds the average of steps [200, 300, 400]" in capsys.readouterr().err
+  params, step = ckpt.load_params(tmp_path, "averaged")
+  np.testing.assert_allclose(params["dense"]["bias"], np.full(3, 300.0), rtol=0, atol=0)
+  average.average_checkpoints(tmp_path, last=1, overwrite=True)
   params, step = ckpt.load_params(tmp_path, "averaged")
   np.testing.assert_array_equal(params["dense"]["bias"], np.full(3, 400.0, np.float32))
   np.testing.assert_array_equal(average.average_params([{"a": np.float32(1)}, {"a": np.float32(2)}])["a"],

@@ -361,16 +361,20 @@ def test_an_export_of_an_import_imports_to_the_same_run(imported, tmp_path):
 
 
 @pytest.mark.slow   # imports and searches a third model
-def test_a_pad_that_generate_may_not_pick_our_search_does_not_pick(tmp_path):
+def test_a_pad_that_generate_may_not_pick_our_search_does_not_pick(tmp_path, monkeypatch):
   """OPUS-MT's converter adds pad as an untrained row with bias 0 and forbids it in generate()
   (bad_words_ids); the import lowers our pad's and bos's logits bias so that our search, which has no
-  such list, agrees with generate()."""
+  such list, agrees with generate(). The import opens the run's checkpoints once."""
+  from test_run_dir import count_managers
   hf_dir = build_hf(tmp_path / "hf", pad_bias=0.0)
   with torch.no_grad():   # the pad row as the converter leaves it: zeros, so its logit is its bias
     model = transformers.MarianMTModel.from_pretrained(hf_dir)
     model.get_input_embeddings().weight[model.config.pad_token_id] = 0.0
     model.save_pretrained(hf_dir)
-  opened = run.load_run(load_hf.import_hf(hf_dir, tmp_path / "run"))
+  managers = count_managers(monkeypatch)
+  workdir = load_hf.import_hf(hf_dir, tmp_path / "run")
+  assert managers == {tmp_path / "run" / "checkpoints": 1}
+  opened = run.load_run(workdir)
   bias = np.asarray(opened.params["final_logits_bias"])
   assert bias[PAD] == bias[BOS] == load_hf.FORBIDDEN_LOGIT
   sentences = source_sentences(15, 40)

@@ -109,12 +109,12 @@ def test_a_readable_checkpoint_that_does_not_fit_is_never_moved(tmp_path):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
   wider = {"dense": {"kernel": np.ones((8, 16), np.float32), "bias": np.zeros((3,), np.float32)}}
   with pytest.raises(ckpt.CheckpointMismatch, match=r"dense/kernel \(8, 8\) float32 vs \(8, 16\) float32"):
-    ckpt.restore_latest(tmp_path, manager, abstract(wider), abstract(optax.adam(1e-3).init(wider)))
+    ckpt.restore_latest(manager, abstract(wider), abstract(optax.adam(1e-3).init(wider)))
   clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)).init(params)
   with pytest.raises(ckpt.CheckpointMismatch, match=r"only in the checkpoint: 0/count, 0/mu/dense/bias"):
-    ckpt.restore_latest(tmp_path, manager, abstract(params), abstract(clipped))
+    ckpt.restore_latest(manager, abstract(params), abstract(clipped))
   assert sorted(manager.all_steps()) == [2, 4] and not (tmp_path / ckpt.UNREADABLE).exists()
-  got, opt_state, meta, manager = ckpt.restore_latest(tmp_path, manager, abstract(params), abstract(clipped),
+  got, opt_state, meta, manager = ckpt.restore_latest(manager, abstract(params), abstract(clipped),
                                                       reset_optimizer=True)
   assert meta["step"] == 4 and opt_state is None
   np.testing.assert_array_equal(jax.device_get(got["dense"]["kernel"]), params["dense"]["kernel"])

@@ -52,7 +52,7 @@ def test_convert_to_scanned_and_back(tmp_path):
   abstract_params = _abstract(abstract_params)
   abstract_opt = _abstract(jax.eval_shape(tx.init, abstract_params))
   reader = ckpt.make_manager(scanned_dir, read_only=True)
-  got_params, got_opt, meta, reader = ckpt.restore_latest(scanned_dir, reader, abstract_params, abstract_opt)
+  got_params, got_opt, meta, reader = ckpt.restore_latest(reader, abstract_params, abstract_opt)
   reader.close()
   assert meta == {"step": 3, "rng": [1, 2]}
   assert got_params["decoder"]["layers"]["ffn"]["wo"]["kernel"].shape == (3, 32, 16)

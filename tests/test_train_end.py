@@ -92,7 +92,7 @@ def test_averaging_more_step_checkpoints_than_exist_is_refused_naming_them(avera
   assert "--allow_fewer" in err
   # The end of training refuses alike, naming the config key that allows it.
   with pytest.raises(UserError, match=r"steps \[2, 4\].*config.train.average_allow_fewer=True"):
-    average.average_and_test(workdir, 3, None, metrics_io.NoMetrics(), 4)
+    average.average_and_test(run.RunDir(workdir), 3, None, metrics_io.NoMetrics(), 4)
   # Asked for: the two there are (a copy of the run: the shared one's average stays as it was).
   copy_dir = workdir.parent / "allow_fewer"
   shutil.copytree(workdir, copy_dir)
@@ -102,7 +102,7 @@ def test_averaging_more_step_checkpoints_than_exist_is_refused_naming_them(avera
 def test_a_resumed_run_keeps_only_the_step_checkpoints_of_its_spacing_before_its_step(tmp_path):
   """Past the resumed step: written again from the resumed state; off the spacing counted back from
   num_steps (num_steps changed): dropped, so that no average mixes two spacings."""
-  from train.train import _StepCheckpoints
+  from train.train import _StepCheckpoints, _written_sets
   params = {"w": np.ones(3, np.float32)}
 
   def reopen(num_steps, start_step):
@@ -113,8 +113,8 @@ def test_a_resumed_run_keeps_only_the_step_checkpoints_of_its_spacing_before_its
     manager.close()
     tc = smoke_config(**{"train.num_steps": num_steps, "train.average_every_steps": 2,
                          "train.average_last": 3}).train
-    opened = _StepCheckpoints.open(tmp_path, tc, start_step)
-    opened.close()
+    with run.RunDir(tmp_path, write=_written_sets(tc)) as opened:
+      _StepCheckpoints.open(opened, tc, start_step)
     return _steps(tmp_path, ckpt.TO_AVERAGE)
 
   assert reopen(num_steps=8, start_step=5) == [2, 4]    # 6 is past the resumed step 5
@@ -136,15 +136,26 @@ def test_average_last_needs_that_many_checkpoints_kept(tmp_path):
     train_and_evaluate(config, tmp_path)
 
 
-def test_early_stopping_stops_when_dev_loss_stalls_and_stays_stopped(tmp_path):
+def test_early_stopping_stops_when_dev_loss_stalls_and_stays_stopped(tmp_path, capsys):
   # A zero learning rate: the dev loss never improves after the first eval.
   config = smoke_config(**{"train.num_steps": 8, "train.eval_every": 1, "train.early_stop_evals": 2,
                            "train.learning_rate": 0.0, "train.test_bleu": False,
                            "train.checkpoint_every_steps": 0})
   outcome = train_and_evaluate(config, tmp_path)
   assert outcome.stopped_early and outcome.step == 3
+  assert "[train] early stopping: stopped at step 3; the best dev loss" in capsys.readouterr().out
   again = train_and_evaluate(config, tmp_path)     # rerunning a stopped run reports, does not train on
   assert again.stopped_early and again.step == 3
+
+
+def test_a_run_that_trained_all_its_steps_does_not_speak_of_early_stopping():
+  from train.train import Outcome, _best_step_line
+  path = pathlib.Path("RUN/checkpoints/1190")
+  finished = _best_step_line(Outcome("RUN", 1500, best_step=1190), 2.5, path)
+  assert "early stopping" not in finished and finished.startswith("[train] trained all 1500 steps")
+  assert "step 1190" in finished and str(path) in finished
+  stopped = _best_step_line(Outcome("RUN", 1300, stopped_early=True, best_step=1190), 2.5, path)
+  assert stopped.startswith("[train] early stopping: stopped at step 1300") and "step 1190" in stopped
 
 
 def test_metrics_report_real_source_and_target_tokens_per_batch(averaged_run):
@@ -157,18 +168,23 @@ def test_metrics_report_real_source_and_target_tokens_per_batch(averaged_run):
     batch = next(it)
     assert line["train/src_tokens_per_batch"] == (batch["src_segments"] != 0).sum()
     assert line["train/tgt_tokens_per_batch"] == (batch["tgt_segments"] != 0).sum()
+    assert line["train/tgt_slots_per_batch"] == batch["tgt_segments"].size   # the nominal, padding in
     assert (batch["tgt_segments"] != 0).sum() < batch["tgt_segments"].size   # padding is not counted
 
 
 def test_init_checkpoint_starts_from_another_runs_parameters_and_refuses_another_architecture(
-    averaged_run, tmp_path):
+    averaged_run, tmp_path, monkeypatch):
   """config.train.init_checkpoint="RUN:STEP": the parameters are that run's (with a learning rate of 0 they
-  stay so), the step and optimizer start afresh; parameters of another shape are refused by name."""
+  stay so), the step and optimizer start afresh; parameters of another shape are refused by name. Each
+  run's checkpoints are opened once (the run fine-tuned from and the run fine-tuned)."""
   from run.user_errors import UserError
+  from test_run_dir import count_managers
   source = averaged_run[0]
   frozen = smoke_config(**{"train.num_steps": 1, "train.test_bleu": False, "train.learning_rate": 0.0,
                            "train.init_checkpoint": f"{source}:3"})   # not the newest (4)
+  opened = count_managers(monkeypatch)
   assert train_and_evaluate(frozen, tmp_path / "b").step == 1
+  assert opened == {source / ckpt.CHECKPOINTS: 1, tmp_path / "b" / ckpt.CHECKPOINTS: 1}
   for a, b in zip(jax.tree_util.tree_leaves(ckpt.load_params(source, 3)[0]),
                   jax.tree_util.tree_leaves(ckpt.load_params(tmp_path / "b")[0])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -22,6 +22,7 @@ TensorBoard, the console, the progress bar, the run-directory lock) by process 0
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -39,8 +40,8 @@ from decode.translate import translate
 from model import Transformer
 from run import layout
 from run import checkpoint as ckpt
-from run import checkpoint_arg, get_vocab, model_config
-from run import config as config_io, metrics as metrics_io, workdir as run_dir
+from run import Keep, RunDir, checkpoint_arg, model_config
+from run import metrics as metrics_io
 from run.mesh import make_mesh
 from run.user_errors import UserError
 from train import flops as flops_lib, goodput, multihost, schedules
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 # padding shares count the empty rows that round a batch up to a multiple of the devices).
 TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "eval/bleu_seconds",
                "train/model_flops_per_sec", "train/mfu", "train/padding", "train/src_padding",
+               "train/tgt_slots_per_batch",
                *(f"time/{part}_s" for part in (*goodput.PARTS, "wall")))
 # config.train.rng_impl -> jax's PRNG implementation of the dropout key.
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
@@ -132,7 +134,8 @@ def _init_from_checkpoint(spec: str, state, shardings):
   """config.train.init_checkpoint = "RUN[:STEP|:averaged]" -> state with that run's parameters (the step
   and the optimizer state stay fresh); parameters of another architecture or vocabulary: UserError."""
   run, _, which = spec.partition(":")
-  init_params, init_step = ckpt.load_params(run, checkpoint_arg(which))
+  with RunDir(run) as pretrained:   # the run fine-tuned from, opened once, read-only
+    init_params, init_step = pretrained.load_params(checkpoint_arg(which))
   if jax.tree_util.tree_structure(init_params) != jax.tree_util.tree_structure(state.params) or any(
       a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(init_params),
                                          jax.tree_util.tree_leaves(state.params))):
@@ -190,21 +193,24 @@ def _train_line(host: list, steps: int, seconds: float) -> dict:
 def train_and_evaluate(config, workdir) -> Outcome:
   """Trains config's experiment in workdir (resuming what is there), evaluates, and returns an Outcome.
 
-  Raises NonFiniteError if the loss or gradient becomes non-finite (the last good checkpoint is kept),
-  run_dir.RunDirLocked if another trainer holds workdir, ckpt.CheckpointMismatch if the newest
-  readable checkpoint does not fit the configured model or optimizer (nothing in workdir is changed).
+  The run directory is opened once, here (run.RunDir: its checkpoint sets, config, vocabulary, metrics,
+  lock), and passed on. Raises NonFiniteError if the loss or gradient becomes non-finite (the last good
+  checkpoint is kept), run.workdir.RunDirLocked if another trainer holds workdir,
+  ckpt.CheckpointMismatch if the newest readable checkpoint does not fit the configured model or
+  optimizer (nothing in workdir is changed).
   """
   tasks.check_task(config.data, config.model.get("arch", "encoder_decoder"))
-  workdir = run_dir.make_run_dir(pathlib.Path(workdir).absolute())
-  if not multihost.is_primary():
-    return _train(config, workdir)
-  with run_dir.RunLock(workdir):
-    return _train(config, workdir)
+  run = RunDir(workdir, write=_written_sets(config.train)).create()
+  with contextlib.ExitStack() as stack:
+    if multihost.is_primary():
+      stack.enter_context(run.lock())
+    stack.callback(run.close)   # the saves finish (and the managers close) before the lock is released
+    return _train(config, run)
 
 
-def _open_run(config, workdir: pathlib.Path):
-  """The checkpoint manager and the config check (config.json is written once restored). -> manager."""
-  tc = config.train
+def _written_sets(tc) -> dict:
+  """The checkpoint sets a trainer writes and how each is kept ({directory: run.Keep}); averaging settings
+  that cannot be met are a UserError."""
   last, every = int(tc.get("average_last", 0)), int(tc.get("average_every_steps", 0))
   if every < 0:
     raise UserError(f"config.train.average_every_steps={every}: use a number of steps, or 0 to average the "
@@ -220,15 +226,23 @@ def _open_run(config, workdir: pathlib.Path):
   # Early stopping keeps the best dev loss's checkpoint beside the last keep_checkpoints (its step is set
   # once the state is restored, and at every new best).
   keep_best = ckpt.KeepSteps() if int(tc.get("early_stop_evals", 0)) else None
-  manager = ckpt.make_manager(workdir, keep=tc.keep_checkpoints, keep_also=keep_best)
-  has_checkpoints = bool(manager.all_steps())
+  sets = {ckpt.CHECKPOINTS: Keep(last=int(tc.keep_checkpoints), also=keep_best)}
+  if every:   # the step checkpoints averaged (_StepCheckpoints), the last average_last kept
+    sets[ckpt.TO_AVERAGE] = Keep(last=last or None)
+  return sets
+
+
+def _open_run(config, run: RunDir) -> int:
+  """The config check against config.json (written once the state is restored). -> the data.max_len
+  this run derived when it began (config.data.max_len=0 and checkpoints), else 0."""
+  has_checkpoints = bool(run.steps())
   derived_before = 0   # config.data.max_len=0: the value this run derived when it began (config.json)
   if int(config.data.max_len) == 0 and has_checkpoints:
-    derived_before = config.data.max_len = config_io.recorded_max_len(workdir)
-  changes = config_io.check_resume(config, workdir, has_checkpoints)
+    derived_before = config.data.max_len = run.recorded_max_len()
+  changes = run.check_resume(config, has_checkpoints)
   if changes:
-    _say(f"[train] config changed since the last run in {workdir}: {'; '.join(changes)}")
-  return manager, derived_before, keep_best
+    _say(f"[train] config changed since the last run in {run.path}: {'; '.join(changes)}")
+  return derived_before
 
 
 @dataclasses.dataclass
@@ -239,14 +253,14 @@ class _Data:
   dev_batches: list
 
 
-def _load_data(config, workdir, derived_before: int, num_devices: int, accum: int) -> _Data:
+def _load_data(config, run: RunDir, derived_before: int, num_devices: int, accum: int) -> _Data:
   """Vocabulary, the training iterator and the dev batches; batches are padded with empty rows to a
   multiple of devices * accumulation (which pairs form a batch does not depend on it)."""
   primary = multihost.is_primary()
   # Every process: the vocabulary (trained once, by whichever process takes its lock first) and its share
   # of the tokenized corpus (data/cache.py). They wait for each other on the file system, saying for what,
   # so the barrier below waits only for the last to open the cache; process 0 alone writes the run directory.
-  vocab = get_vocab(config.data, workdir, write=primary)
+  vocab = run.get_vocab(config.data, write=primary)
   tokenized(config.data, vocab, "train", progress=primary)
   multihost.barrier("corpus and vocabulary")
   _resolve_max_len(config, vocab, derived_before)
@@ -280,12 +294,12 @@ class _Start:
   early: dict          # early stopping: the best dev loss so far, the evals since it, whether stopped
 
 
-def _starting_state(config, workdir, manager, model, tx, mesh, vocab, train_iter) -> _Start:
+def _starting_state(config, run: RunDir, model, tx, mesh, vocab, train_iter) -> _Start:
   """Resume > init_checkpoint > scratch (see the module docstring)."""
   tc = config.train
   abstract, shardings = step_lib.abstract_state(model, tx, mesh, fsdp=tc.fsdp)
   params_key, train_key = _keys(config)
-  params, opt_state, meta, _ = ckpt.restore_latest(workdir, manager, abstract.params, abstract.opt_state,
+  params, opt_state, meta, _ = ckpt.restore_latest(run.checkpoints(), abstract.params, abstract.opt_state,
                                                    reset_optimizer=bool(tc.get("reset_optimizer", False)))
   early = {"best": float("inf"), "bad": 0, "stopped": False}
   if meta is None:
@@ -295,7 +309,7 @@ def _starting_state(config, workdir, manager, model, tx, mesh, vocab, train_iter
     return _Start(state, train_key, [], early)
   early.update(meta.get("early_stop", {}))
   if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
-    raise UserError(f"{workdir}/vocab.model does not match the checkpoint's vocabulary "
+    raise UserError(f"{run.path}/vocab.model does not match the checkpoint's vocabulary "
                      f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
   if opt_state is None:   # reset_optimizer and the saved state did not fit: a fresh one
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
@@ -306,8 +320,8 @@ def _starting_state(config, workdir, manager, model, tx, mesh, vocab, train_iter
   try:
     train_iter.set_state(meta["data"])
   except ValueError as error:
-    raise ckpt.CheckpointMismatch(f"{workdir / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
-  _say(f"[train] resumed {workdir} at step {meta['step']}")
+    raise ckpt.CheckpointMismatch(f"{run.path / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
+  _say(f"[train] resumed {run.path} at step {meta['step']}")
   train_key = ckpt.key_from_json(meta["rng"], RNG_IMPLS[tc.get("rng_impl", "threefry")])
   return _Start(jax.device_put(state, shardings), train_key, meta.get("pending_metrics", []), early)
 
@@ -327,13 +341,14 @@ def _profile_window(spec: str) -> tuple[int, int] | None:
   return window
 
 
-def _train(config, workdir: pathlib.Path) -> Outcome:
+def _train(config, run: RunDir) -> Outcome:
   tc, primary = config.train, multihost.is_primary()
-  manager, derived_before, keep_best = _open_run(config, workdir)
+  derived_before = _open_run(config, run)
+  keep_best, workdir = run.write[ckpt.CHECKPOINTS].also, run.path
 
   # Mesh (one 'data' axis over every device of every process), data, model and optimizer.
   mesh = make_mesh()
-  data = _load_data(config, workdir, derived_before, mesh.devices.size, int(tc.grad_accum_steps))
+  data = _load_data(config, run, derived_before, mesh.devices.size, int(tc.grad_accum_steps))
   model = Transformer(model_config(config, data.vocab.size), packed=bool(config.data.get("pack", True)))
   schedule = schedules.make_schedule(tc, config.model.d_model)
   tx = make_optimizer(tc, schedule)
@@ -341,22 +356,22 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
   meter = flops_lib.Meter(model.cfg, flops_lib.peak_flops(jax.local_devices(), model.cfg,
                                                           float(tc.get("peak_flops", 0.0)))[0],
                           processes=jax.process_count())
-  start = _starting_state(config, workdir, manager, model, tx, mesh, data.vocab, data.train_iter)
+  start = _starting_state(config, run, model, tx, mesh, data.vocab, data.train_iter)
   state, pending, early, train_key = start.state, start.pending, start.early, start.train_key
   start_step = int(state.step)
   if keep_best is not None and early.get("best_step") is not None:
     keep_best.steps = {int(early["best_step"])}
   if primary:
-    config_io.save_config(config, workdir)
-    run_dir.write_versions(workdir)
+    run.save_config(config)
+    run.write_versions()
 
   train_step, eval_step = _jit_steps(tc, model, tx, schedule, mesh, state)
-  to_average = _StepCheckpoints.open(workdir, tc, start_step)
+  to_average = _StepCheckpoints.open(run, tc, start_step)
 
   # Checkpoints: every checkpoint_every_steps steps, every checkpoint_every_minutes, at the end and on
   # SIGTERM/SIGINT; never a state that went non-finite. Apart from them, with average_every_steps, the
   # step checkpoints that are averaged (_StepCheckpoints).
-  check_finite = lambda step: _check_finite(state, step, manager, workdir)
+  check_finite = lambda step: _check_finite(state, step, run)
 
   def save(step):   # (clock: assigned before the loop calls it)
     check_finite(step)
@@ -365,13 +380,13 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
       meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": data.train_iter.get_state(),
               "vocab_fingerprint": data.vocab.fingerprint, "seed": config.seed,
               "pending_metrics": host_pending, "early_stop": dict(early)}
-      ckpt.save(manager, step, state.params, state.opt_state, meta)
+      ckpt.save(run.checkpoints(), step, state.params, state.opt_state, meta)
 
   # Evaluation. A finished run rerun reports again: its final eval and test lines are rewritten.
   writer = metrics_io.NoMetrics()
   if primary:
-    writer = metrics_io.MetricsWriter(workdir, resume_step=start_step, tensorboard=tc.tensorboard,
-                                      drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
+    writer = run.metrics(resume_step=start_step, tensorboard=tc.tensorboard,
+                         drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
 
   def evaluate(step, with_bleu, stop=lambda: False):
     """The dev metrics, written; None where stop() (a signal) cut them short: nothing is written."""
@@ -457,10 +472,7 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     signals.restore()
   bar.close()
   with clock.part("checkpoint"):
-    manager.wait_until_finished()
-    manager.close()
-    if to_average is not None:
-      to_average.close()
+    run.wait()   # every save finished: the end reads the checkpoints back (best step, averaging)
 
   # The end: a stopped run says how to resume; a finished one reports test BLEU (and again when rerun).
   received = (signals.received or "a signal to another process") if stop else None
@@ -473,12 +485,10 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
         outcome.eval = eval_result or evaluate(step, with_bleu=False)
         params = state.params
         if outcome.best_step is not None and outcome.best_step != step:   # early stopping: the best model
-          params = ckpt.load_params(workdir, outcome.best_step)[0]
+          params = run.load_params(outcome.best_step)[0]
         if outcome.best_step is not None:
-          _say(f"[train] early stopping: the best dev loss, {early['best']:.4f}, was at step {outcome.best_step}; "
-               f"its checkpoint ({workdir / ckpt.CHECKPOINTS / str(outcome.best_step)}) is kept and is the "
-               f"run's model: the test BLEU below, decode and export read it (--checkpoint latest: step {step})")
-        _report_test(config, workdir, model, params, data.vocab, writer, step, outcome)
+          _say(_best_step_line(outcome, early["best"], run.path / ckpt.CHECKPOINTS / str(outcome.best_step)))
+        _report_test(config, run, model, params, data.vocab, writer, step, outcome)
   finally:
     writer.close()
   clock.close_interval()
@@ -487,6 +497,18 @@ def _train(config, workdir: pathlib.Path) -> Outcome:
     _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
          f"rerun the same command to resume")
   return outcome
+
+
+def _best_step_line(outcome: Outcome, best_loss: float, path: pathlib.Path) -> str:
+  """What the end of a run with config.train.early_stop_evals says of its model: early stopping only where
+  the run stopped early; a run that trained all its steps names the step it keeps as best."""
+  kept = (f"its checkpoint ({path}) is kept and is the run's model: the test BLEU below, decode and export "
+          f"read it (--checkpoint latest: step {outcome.step})")
+  if outcome.stopped_early:
+    return (f"[train] early stopping: stopped at step {outcome.step}; the best dev loss, {best_loss:.4f}, was "
+            f"at step {outcome.best_step}; {kept}")
+  return (f"[train] trained all {outcome.step} steps (no early stop); the best dev loss, {best_loss:.4f}, was "
+          f"at step {outcome.best_step}: {kept}")
 
 
 class _StepCheckpoints:
@@ -498,29 +520,25 @@ class _StepCheckpoints:
     self.manager, self.every = manager, every
 
   @classmethod
-  def open(cls, workdir, tc, start_step: int):
+  def open(cls, run: RunDir, tc, start_step: int):
     """None without average_every_steps. A resumed run drops the step checkpoints past its step (it writes
     them again, from the state it resumed), and those off its spacing (num_steps or average_every_steps
     changed since they were written), so that an average never mixes two spacings."""
     every, num_steps = int(tc.get("average_every_steps", 0)), int(tc.num_steps)
     if not every:
       return None
-    manager = ckpt.make_manager(workdir, keep=int(tc.get("average_last", 0)) or None, directory=ckpt.TO_AVERAGE)
+    manager = run.checkpoints(ckpt.TO_AVERAGE)   # written: the last average_last kept (_written_sets)
     off = sorted(s for s in manager.all_steps() if s <= start_step and (num_steps - s) % every)
     for step in [s for s in manager.all_steps() if s > start_step] + off:
       manager.delete(step)
     if off:
-      _say(f"[train] dropped step checkpoints {off} of {workdir / ckpt.TO_AVERAGE}: not {every} steps apart "
+      _say(f"[train] dropped step checkpoints {off} of {run.path / ckpt.TO_AVERAGE}: not {every} steps apart "
            f"counting back from config.train.num_steps={num_steps} (changed since they were written)")
     return cls(manager, every)
 
   def save(self, step: int, params, vocab_fingerprint) -> None:
     ckpt.save(self.manager, step, params, None, {"step": step, "to_average": self.every,
                                                   "vocab_fingerprint": vocab_fingerprint})
-
-  def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
 
 
 def _jit_steps(tc, model, tx, schedule, mesh, state):
@@ -534,22 +552,24 @@ def _jit_steps(tc, model, tx, schedule, mesh, state):
   return train_step, eval_step
 
 
-def _check_finite(state, step: int, manager, workdir) -> None:
+def _check_finite(state, step: int, run: RunDir) -> None:
   """NonFiniteError if the state stopped being finite (the last good checkpoint is kept)."""
   bad = int(state.nonfinite_step)
   if bad >= 0:
-    manager.wait_until_finished()
-    good = manager.latest_step()
+    run.wait()
+    good = run.checkpoints().latest_step()
     raise NonFiniteError(
         f"non-finite loss or gradient at step {bad} (detected by step {step}); training stopped "
         f"without saving it. Last good checkpoint: "
-        f"{workdir / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
+        f"{run.path / ckpt.CHECKPOINTS / str(good) if good is not None else 'none'}. Try a lower "
         f"config.train.learning_rate, config.train.grad_clip_norm > 0 or a longer warmup.")
 
 
 def _postfix(line: dict) -> dict:
   """The progress bar's figures from a log line."""
   return dict(loss=f"{line['train/loss']:.3f}", lr=f"{line['train/learning_rate']:.2e}",
+              # the real target tokens a step trains on / its target slots (padding included)
+              tgt=f"{line['train/tgt_tokens_per_batch']:.0f}/{line['train/tgt_slots_per_batch']:.0f}",
               tok_s=f"{line['train/tokens_per_sec']:.0f}", mfu=f"{line['train/mfu']:.1%}")
 
 
@@ -581,23 +601,28 @@ class _Profiler:
 
 
 class _Padding:
-  """The share of a log interval's batch slots that hold padding, target and source side."""
+  """The share of a log interval's batch slots that hold padding, target and source side, and the target
+  slots of a step (its nominal size, padding included, beside train/tgt_tokens_per_batch, the real ones)."""
 
   def __init__(self):
-    self.slots, self.real = np.zeros(2), np.zeros(2)
+    self.slots, self.real, self.batches = np.zeros(2), np.zeros(2), 0
 
   def add(self, batch) -> None:
+    self.batches += 1
     for i, key in enumerate(("tgt_segments", "src_segments")):
       self.slots[i] += batch[key].size
       self.real[i] += np.count_nonzero(batch[key])
 
   def report(self) -> dict:
     share = 1.0 - self.real / np.maximum(self.slots, 1)
-    self.slots, self.real = np.zeros(2), np.zeros(2)
-    return {"train/padding": float(share[0]), "train/src_padding": float(share[1])}
+    # Every process holds batches of one shape: the step's slots are this process's times their number.
+    slots = float(self.slots[0] * jax.process_count() / max(self.batches, 1))
+    self.slots, self.real, self.batches = np.zeros(2), np.zeros(2), 0
+    return {"train/padding": float(share[0]), "train/src_padding": float(share[1]),
+            "train/tgt_slots_per_batch": slots}
 
 
-def _report_test(config, workdir, model, params, vocab, writer, step, outcome: Outcome) -> None:
+def _report_test(config, run: RunDir, model, params, vocab, writer, step, outcome: Outcome) -> None:
   """The end: test-set sacreBLEU of `params` (the final ones, or early stopping's best: metrics.jsonl's
   test/checkpoint_step names its step), of the average of the last config.train.average_last
   checkpoints (the paper's reported models) and a few sample translations."""
@@ -617,4 +642,4 @@ def _report_test(config, workdir, model, params, vocab, writer, step, outcome: O
     test = lambda params: bleu_of(params)[0]
   if int(tc.get("average_last", 0)):
     outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(
-        workdir, int(tc.average_last), test, writer, step, bool(tc.get("average_allow_fewer", False)))
+        run, int(tc.average_last), test, writer, step, bool(tc.get("average_allow_fewer", False)))
