@@ -337,18 +337,15 @@ def _check_before_launch(args):
     checkpoint = run.checkpoint_arg(args.checkpoint)
   except argparse.ArgumentTypeError as error:
     fail(str(error))
-  run_config = run.load_run_config(args.workdir)
-  if not tasks.translates(run_config.data):
-    fail(f"--input translates, but {args.workdir} was trained with config.data.task="
-         f"{tasks.task_of(run_config.data)!r}")
-  run.load_vocab(args.workdir)
   directory = ckpt.AVERAGED if checkpoint == "averaged" else ckpt.CHECKPOINTS
-  ckpt.check_readable(pathlib.Path(args.workdir).absolute() / directory)
-  manager = ckpt.make_manager(args.workdir, directory=directory, read_only=True)
-  try:
-    steps = sorted(manager.all_steps())
-  finally:
-    manager.close()
+  with run.RunDir(args.workdir) as run_dir:
+    run_config = run_dir.config()
+    if not tasks.translates(run_config.data):
+      fail(f"--input translates, but {args.workdir} was trained with config.data.task="
+           f"{tasks.task_of(run_config.data)!r}")
+    run_dir.vocab()
+    ckpt.check_readable(run_dir.path / directory)
+    steps = run_dir.steps(directory)
   where = pathlib.Path(args.workdir) / directory
   if not steps:
     fail(f"{where} holds no complete checkpoint: nothing to decode with")
