@@ -8,13 +8,14 @@ This package owns the run directory written by `python -m train` (layout in docs
     vocab.model        data/vocab.py      the SentencePiece vocabulary (its fingerprint is in every checkpoint)
     vocab.json         data/cache.py      the sentences it was trained on: sample size, corpus pairs
     checkpoints/<step> run/checkpoint.py  Orbax checkpoints: params, opt_state, meta
-    averaged/<step>    run/checkpoint.py  the average written by `python -m train.average`
+    checkpoints_to_average/<step>         params and meta: the step checkpoints an average reads
+    averaged/<step>    run/checkpoint.py  the average written at the end of training or by train.average
     LOCK, versions.json, atomic writes    run/workdir.py
     metrics.jsonl, tb/ run/metrics.py
 
 Training, averaging, the Hugging Face import, decoding, export, the sweep table and notebooks open runs
-through here; nothing in `run/`
-imports train/, decode/ or export/ (tests/test_imports.py keeps it so). What training and decoding share
+through here, once per command (one Orbax CheckpointManager per checkpoint set per process); nothing in
+`run/` imports train/, decode/ or export/ (tests/test_imports.py keeps it so). What training and decoding share
 besides: `model_config` (the one place a config becomes a model), run/mesh.py (the device mesh) and
 run/devices.py (which devices and CPUs each process of a cluster job may use, and the check of them).
 """
