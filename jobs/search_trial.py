@@ -206,6 +206,7 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
                      pid=process.pid,
                      optuna_trial=trial.number, worker=trial.user_attrs.get("worker"))
   reported, pruned, interrupted = set(), False, False
+  earlier = {step for step, _ in dev_values(trial_dir, key)}   # a retry is pruned on what it trains itself
   try:
     while True:
       done = process.poll() is not None
@@ -215,7 +216,7 @@ def follow(trial, overrides: dict, command, trial_dir: pathlib.Path, *, start, k
           continue
         trial.report(value, step)
         reported.add(step)
-        if not (pruned or interrupted or done) and trial.should_prune():
+        if not (pruned or interrupted or done) and step not in earlier and trial.should_prune():
           terminate(process)
           pruned = True
       if done:

@@ -155,6 +155,15 @@ def holder(trial_dir) -> int | None:
   return None
 
 
+STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+def start_blocked() -> None:
+  """In the sweep's child before it becomes `python -m jobs.sweep_trial`: SIGTERM and SIGINT wait (blocked)
+  until main has its handlers."""
+  signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+
+
 def trainer_env() -> dict:
   """The environment of a trial's trainer: its progress bar writes a line to the log every
   PROGRESS_SECONDS (unless TQDM_MININTERVAL says otherwise), not ten a second."""
@@ -178,11 +187,22 @@ def main(argv=None) -> int:
   lock.truncate()
   lock.write(f"{os.getpid()}\n")
   lock.flush()
-  start = time.time()
-  child = subprocess.Popen(command, env=trainer_env())
-  for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda signum, frame: child.send_signal(signal.SIGTERM))
-  code = child.wait()
+  # The sweep starts this process with SIGTERM and SIGINT blocked (start_blocked), so that one sent while
+  # it was still importing waits until it can be passed on to the trainer.
+  start, received, children = time.time(), [], []
+
+  def forward(signum, frame):
+    received.append(signum)
+    for child in children:
+      child.send_signal(signal.SIGTERM)
+
+  for sig in STOPPING:
+    signal.signal(sig, forward)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+  children.append(subprocess.Popen(command, env=trainer_env()))
+  if received:
+    children[0].send_signal(signal.SIGTERM)
+  code = children[0].wait()
   by = f"local process {os.getpid()}"
   if code == 0:
     TrialResult(str(trial_dir))(seconds=time.time() - start, by=by)
