@@ -1,4 +1,5 @@
-"""SIGTERM and SIGINT as a flag that a loop checks between units of work (a train step, a sweep poll).
+"""SIGTERM and SIGINT as a flag that a loop checks between units of work (a train step, a dev-evaluation
+batch or BLEU chunk, a sweep poll).
 
     signals = SignalFlag().install()
     try:
