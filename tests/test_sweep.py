@@ -289,3 +289,42 @@ def test_a_killed_local_sweep_rerun_starts_only_the_unfinished_trials(tmp_path):
   assert "watching the trial's process" in (trials["held"] / sweep.LOG).read_text()
   rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
   assert rows == {"first": "done", "held": "done", "lost": "done"}, text
+
+
+@pytest.mark.slow
+def test_a_local_sweep_outlives_the_hangup_of_its_terminal(tmp_path):
+  """The sweep command's process group (what a closed terminal signals) gets SIGHUP while its three
+  trials train: the command dies, the trials (each in a session of its own) go on; one that finishes
+  meanwhile records its own result. The same command again watches the two still running, starts
+  nothing twice, and records them."""
+  (tmp_path / "train.py").write_text(HELD_TRAINER)
+  (tmp_path / "exp.py").write_text(THREE_TRIALS)
+  out = tmp_path / "sweep"
+  command = [sys.executable, "-c", LOCAL_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
+                                                        workdir=str(out), trainer=str(tmp_path / "train.py"))]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  trials = {name: out / name for name in ("first", "held", "lost")}
+  # A session of its own stands for the terminal's: its process group is the one the hangup reaches.
+  watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+  until(lambda: all(trainers_started(d) for d in trials.values()), "the three trainers")
+  os.killpg(watcher.pid, signal.SIGHUP)
+  assert watcher.wait(timeout=60) == -signal.SIGHUP
+  from jobs import sweep_trial
+  assert all(sweep_trial.holder(d) is not None for d in trials.values()), "a trial died with the terminal"
+  (out / "release-first").touch()
+  until(lambda: (trials["first"] / sweep.DONE).exists(), "trial first's DONE, with no sweep command watching")
+  assert sweep.read_status(trials["first"])["status"] == "done"
+  assert sweep.read_status(trials["held"])["status"] == "running"   # and it is
+
+  rerun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  until(lambda: all("watching the trial's process" in (trials[n] / sweep.LOG).read_text() for n in ("held", "lost")),
+        "the rerun to watch the two trials still running")
+  (out / "release-held").touch()
+  (out / "release-lost").touch()
+  text, _ = rerun.communicate(timeout=300)
+  assert rerun.returncode == 0, text
+  assert "skip first (done)" in text, text
+  assert {name: len(trainers_started(d)) for name, d in trials.items()} == {"first": 1, "held": 1, "lost": 1}
+  rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
+  assert rows == {"first": "done", "held": "done", "lost": "done"}, text
