@@ -204,3 +204,69 @@ def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_pat
   assert slurm.job_state(_jobs(trials["lost"])[1]) == "COMPLETED"
   rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
   assert rows == {"first": "done", "held": "done", "lost": "done"}, text
+
+
+# squeue and sacct that fail on a fifth of their calls (every 10th exits 1 as a busy controller does,
+# every 10th + 5 hangs past the watcher's timeout), and an sbatch that logs each submission.
+FLAKY = textwrap.dedent("""\
+    #!/bin/bash
+    count_file="$FLAKY_DIR/$(basename "$0").count"
+    n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 ))
+    echo $n > "$count_file"
+    if (( n % 10 == 0 )); then echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1; fi
+    if (( n % 10 == 5 )); then sleep 20; fi
+    exec {real} "$@"
+""")
+SBATCH_LOG = textwrap.dedent("""\
+    #!/bin/bash
+    echo "$@" >> "$FLAKY_DIR/sbatch.log"
+    exec {real} "$@"
+""")
+FLAKY_WATCHER = WATCHER.replace("from jobs import slurm, sweep\n", textwrap.dedent("""\
+    from jobs import slurm, sweep
+    slurm.QUERY_TIMEOUT, slurm.BACKOFF = 3.0, (0.5, 1.0, 2.0)
+""")).replace("start=slurm.trial_starter(options, on_success=sweep.TrialResult)",
+              "start=slurm.trial_starter(options, on_success=sweep.TrialResult, poller=slurm.Poller(every=0.5))")
+
+
+def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_trial_once(tmp_path):
+  """squeue and sacct fail or hang on a fifth of their calls while a 3-trial sweep runs; its watcher is
+  SIGKILLed once trial 'first' finished, and the command rerun: every trial is submitted exactly once
+  (sbatch's log), none is marked failed, all end done."""
+  flaky = tmp_path / "bin"
+  flaky.mkdir()
+  for name, body in (("squeue", FLAKY), ("sacct", FLAKY), ("sbatch", SBATCH_LOG)):
+    (flaky / name).write_text(body.format(real=shutil.which(name)))
+    (flaky / name).chmod(0o755)
+  env = dict(_env(), PATH=f"{flaky}{os.pathsep}{os.environ['PATH']}", FLAKY_DIR=str(flaky))
+  (tmp_path / "train.py").write_text(HELD_TRAINER)
+  (tmp_path / "exp.py").write_text(THREE_TRIALS)
+  out = tmp_path / "sweep"
+  command = [sys.executable, "-c", FLAKY_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
+                                                        workdir=str(out), trainer=str(tmp_path / "train.py"))]
+  trials = {name: out / name for name in ("first", "held", "lost")}
+  with open(tmp_path / "watcher1.log", "w") as log:
+    watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
+  (out / "release-first").touch()
+  until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
+  watcher.kill()
+  watcher.wait()
+
+  with open(tmp_path / "watcher2.log", "w") as log:
+    rerun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  until(lambda: all("watching SLURM job" in (trials[n] / "sweep.log").read_text() for n in ("held", "lost"))
+        or rerun.poll() is not None, "the rerun to watch the two jobs still running")
+  (out / "release-held").touch()
+  (out / "release-lost").touch()
+  assert rerun.wait(timeout=300) == 0, (tmp_path / "watcher2.log").read_text()
+  calls = {name: int((flaky / f"{name}.count").read_text()) for name in ("squeue", "sacct")
+           if (flaky / f"{name}.count").exists()}
+  assert calls.get("squeue", 0) >= 10, calls   # the failures did happen
+  assert len((flaky / "sbatch.log").read_text().splitlines()) == 3
+  assert {name: len(_jobs(d)) for name, d in trials.items()} == {"first": 1, "held": 1, "lost": 1}
+  for name, d in trials.items():
+    assert json.loads((d / "sweep_status.json").read_text())["status"] == "done", name
+    assert "FAILED" not in (d / "sweep.log").read_text(), name
+  rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
+  assert rows == {"first": "done", "held": "done", "lost": "done"}
