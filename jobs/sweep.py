@@ -8,25 +8,27 @@ The experiment file declares its trials with `sweep(add)` or `sweep(add, arg)` (
 
     python -m train --config FILE[:arg] --workdir DIR/NAME [--config.k=v shared by all] --config.k=v ...
 
-with its output in DIR/NAME/sweep.log, under `python -m jobs.sweep_trial`, which writes the trial's
-result and DONE marker itself when the trainer finishes (so a trial that ends after this command was
-killed is still marked). Rerunning the command skips trials with a DONE marker, watches trials whose
-process an earlier (killed) command left running, resumes interrupted ones (the trainer resumes from
-its checkpoints) and retries failed ones. A failed trial is
-recorded (status FAILED, its log) and the others go on. At the end the runner writes DIR/results.csv,
-DIR/results.md and DIR/results.png (dev PPL and BLEU per trial, beside the paper's numbers when the
-experiment file has a PAPER dict keyed by trial name) and prints where they are.
+with its output in DIR/NAME/sweep.log, under `python -m jobs.sweep_trial` in a session of its own, which
+writes the trial's result and DONE marker itself when the trainer finishes (so a trial outlives a closed
+terminal or a killed sweep command, and is still marked). Rerunning the command skips trials with a DONE
+marker, watches trials whose process an earlier command left running, resumes interrupted ones (the
+trainer resumes from its checkpoints) and retries failed ones. A failed trial is recorded (status
+FAILED, its log) and the others go on. DIR/results.csv, DIR/results.md and DIR/results.png (dev PPL and
+BLEU per trial, beside the paper's numbers when the experiment file has a PAPER dict keyed by trial
+name) are written at the start, each time a trial ends and at the end; `python -m jobs.status DIR`
+shows every trial while it runs (docs/sweeps.md).
 
 Ctrl-C or SIGTERM: the trials in flight get SIGTERM, save a checkpoint and stop; rerun to go on.
 
 --launcher slurm (with --partition, --nodes, --tasks_per_node, --gpus_per_node, --time, --sbatch KEY=VALUE;
-see jobs/slurm.py) submits every trial to go as its own SLURM job at once and watches them: SLURM
-queues, requeues and preempts; the sweep still skips finished trials, records failures and writes the
-results. Each trial's job records its own result and DONE marker when its trainer finishes, watched or
-not. Stopping (or killing) the sweep leaves the jobs to SLURM; rerunning the same command skips the
-trials that are done, watches again the jobs still queued or running, and submits only the trials
-whose job ended without finishing them (or never ran): nothing that finished is submitted twice.
-Every job submitted for trial NAME is listed in DIR/NAME/slurm_jobs.txt.
+see jobs/slurm.py) submits each trial as its own SLURM job, --parallel of them queued or running at once,
+and watches them with one squeue call a tick: SLURM queues, requeues and preempts; the sweep still skips
+finished trials, records failures and writes the results. Each trial's job records its own result and
+DONE marker when its trainer finishes, watched or not. A squeue or sacct that fails is retried and
+reported, never read as a job's end. Stopping (or killing) the sweep leaves the jobs to SLURM; rerunning
+the same command skips the trials that are done, watches again the jobs still queued or running, and
+submits only the trials for which SLURM says every job submitted (DIR/NAME/slurm_jobs.txt) has ended
+without finishing them: nothing that finished or runs is submitted twice.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ import time
 
 import experiments
 from run.user_errors import UserError, reported
-from run.workdir import RunDirLocked, RunLock, write_atomically
+from run.workdir import RunDirLocked, RunLock
 from train import estimate
 from train.signals import SignalFlag
 from jobs import preflight, slurm, sweep_trial
