@@ -56,15 +56,10 @@ def submit(command: list[str], job_directory, *, nodes: int = 1, tasks_per_node:
   folder = pathlib.Path(job_directory) / FOLDER
   folder.mkdir(parents=True, exist_ok=True)
   executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=0)
-  extra = {}
-  for option in sbatch:
-    key, sep, value = option.partition("=")
-    extra[key.replace("-", "_")] = value if sep else True
   parameters = dict(job_name="decode", nodes=nodes, ntasks_per_node=tasks_per_node, time=time_minutes,
-                    additional_parameters=extra)
+                    **devices.slurm_parameters(cpus_per_task or default_cpus_per_task(gpus_per_task), sbatch))
   if partition:
     parameters["partition"] = partition
-  parameters["cpus_per_task"] = cpus_per_task or default_cpus_per_task(gpus_per_task)
   if gpus_per_task:
     parameters["gpus_per_task"] = gpus_per_task
   executor.update_parameters(**parameters)

@@ -71,6 +71,21 @@ def default_cpus_per_task(gpus_per_task: float) -> int:
   return max(CPUS_WITHOUT_GPU, math.ceil(CPUS_PER_GPU * gpus_per_task))
 
 
+def slurm_parameters(cpus_per_task: int, sbatch=()) -> dict:
+  """submitit.SlurmExecutor parameters every job of ours shares: each task's CPUs, and the extra #SBATCH
+  options (--sbatch KEY[=VALUE]) as submitit's additional_parameters.
+
+  From Slurm 22.05 to 23.02 srun does not pass the job's --cpus-per-task on to its tasks (a task may get
+  one CPU): the job's srun asks for them itself, and SRUN_CPUS_PER_TASK (srun's own variable, read since
+  22.05) gives them to any other srun in the job."""
+  extra = {}
+  for option in sbatch:
+    key, sep, value = option.partition("=")
+    extra[key.replace("-", "_")] = value if sep else True
+  return dict(cpus_per_task=cpus_per_task, srun_args=[f"--cpus-per-task={cpus_per_task}"],
+              setup=[f"export SRUN_CPUS_PER_TASK={cpus_per_task}"], additional_parameters=extra)
+
+
 def _platforms_without_gpu(env) -> str | None:
   """JAX_PLATFORMS where it names platforms and none that drives a GPU (e.g. 'cpu'), else None."""
   platforms = env.get("JAX_PLATFORMS", "").strip()

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from decode import slurm as decode_slurm
 from jobs import preflight, search, slurm, sweep
 from run import config as config_io
 from run import devices
@@ -224,3 +225,16 @@ def test_a_signal_during_a_dev_evaluation_cuts_it_short_saves_and_resumes(tmp_pa
   signal_at[:] = []
   outcome = train_and_evaluate(config, workdir)
   assert (outcome.interrupted, outcome.step, evals()) == (None, 6, [6])
+
+
+def test_bulk_decoding_jobs_ask_srun_for_the_cpus_too(tmp_path, sbatch, monkeypatch):
+  """python -m decode --launcher slurm writes its own job (decode/slurm.py): its srun asks for the CPUs too."""
+  monkeypatch.chdir(tmp_path)
+  job = decode_slurm.submit(["true"], tmp_path / "job", tasks_per_node=2, partition="debug", time_minutes=5,
+                            cpus_per_task=5, gpus_per_task=0, sbatch=["account=abc"])
+  assert job.job_id == "4242" and len(sbatch.read_text().splitlines()) == 1
+  text = (tmp_path / "job" / decode_slurm.FOLDER / "4242_submission.sh").read_text()
+  assert "#SBATCH --cpus-per-task=5" in text and "#SBATCH --account=abc" in text, text
+  assert "export SRUN_CPUS_PER_TASK=5" in text, text
+  (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
+  assert "--cpus-per-task=5" in srun.split(), srun
