@@ -107,22 +107,13 @@ def cpus_per_task(options: SlurmOptions) -> int:
 
 def _executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submitit.SlurmExecutor:
   executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=options.max_requeues)
-  extra = {}
-  for option in options.sbatch:
-    key, sep, value = option.partition("=")
-    extra[key.replace("-", "_")] = value if sep else True
   parameters = dict(job_name=name, nodes=options.nodes, ntasks_per_node=options.tasks_per_node,
-                    time=options.time_minutes, additional_parameters=extra)
+                    time=options.time_minutes, signal_delay_s=options.save_window,
+                    **devices.slurm_parameters(cpus_per_task(options), options.sbatch))
   if options.partition:
     parameters["partition"] = options.partition
   if options.gpus_per_node:
     parameters["gpus_per_node"] = options.gpus_per_node
-  # From Slurm 22.05 to 23.02 srun does not pass the job's --cpus-per-task on to its tasks (a task may
-  # get one CPU): the job's srun asks for them itself, and SRUN_CPUS_PER_TASK (srun's own variable, read
-  # since 22.05) gives them to any other srun in the job.
-  cpus = cpus_per_task(options)
-  parameters.update(cpus_per_task=cpus, srun_args=[f"--cpus-per-task={cpus}"],
-                    setup=[f"export SRUN_CPUS_PER_TASK={cpus}"], signal_delay_s=options.save_window)
   executor.update_parameters(**parameters)
   return executor
 
