@@ -58,6 +58,19 @@ def test_every_second_lands_in_one_part_and_compilation_is_taken_out_of_its_part
       pass
 
 
+def test_the_summary_says_what_compilation_was():
+  """Compilation split into tracing, lowering, cache reads and XLA's compilation, which sum to it."""
+  clock = goodput.Goodput()
+  fresh = jax.jit(lambda x: jnp.cos(x) * 2.0 - x.sum())   # a new program: traced, lowered, compiled
+  fresh(jnp.arange(float(np.random.default_rng().integers(5, 10_000)))).block_until_ready()
+  clock.close_interval()
+  kinds = clock.compile_split()
+  assert list(kinds) == list(goodput.COMPILE_KINDS)
+  assert kinds["tracing"] > 0 and kinds["lowering"] > 0 and kinds["cache reads"] + kinds["backend compile"] > 0
+  assert sum(kinds.values()) == pytest.approx(clock.total["compile"], abs=1e-6)
+  assert "[tracing " in clock.summary() and ", backend compile " in clock.summary()
+
+
 def test_the_log_lines_split_their_time_and_count_throughput_over_step_time(tmp_path):
   config = smoke_config(**{"train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2})
   start = time.perf_counter()

@@ -83,13 +83,18 @@ class Goodput:
     self._start, self._compile_mark = now, compiled
     return split
 
+  def compile_split(self) -> dict:
+    """{COMPILE_KINDS: seconds} since construction: what `compile` was, XLA's compilation less the
+    cache reads within it."""
+    kinds = {k: _compile_seconds[k] - self._kinds_mark[k] for k in COMPILE_KINDS}
+    kinds["backend compile"] -= kinds["cache reads"]
+    return kinds
+
   def summary(self) -> str:
     """One line: the whole run's split, in seconds and shares of the wall-clock."""
     wall = max(sum(self.total.values()), 1e-9)
     parts = ", ".join(f"{k} {self.total[k]:.1f} s ({self.total[k] / wall:.0%})" for k in PARTS)
-    kinds = {k: _compile_seconds[k] - self._kinds_mark[k] for k in COMPILE_KINDS}
-    kinds["backend compile"] -= kinds["cache reads"]
-    compile_kinds = ", ".join(f"{k} {kinds[k]:.1f} s" for k in COMPILE_KINDS)
+    compile_kinds = ", ".join(f"{k} {s:.1f} s" for k, s in self.compile_split().items())
     return f"[train] time: {wall:.1f} s = {parts} [{compile_kinds}]; goodput {self.total['step'] / wall:.0%}"
 
 
