@@ -2,6 +2,7 @@
 and finish the rest, results table and plot. Scheduling is tested with a fast fake trainer; one test
 runs the Table 3 smoke sweep end to end with the real trainer and interrupts it.
 """
+import ast
 import csv
 import json
 import os
@@ -328,3 +329,13 @@ def test_a_local_sweep_outlives_the_hangup_of_its_terminal(tmp_path):
   assert {name: len(trainers_started(d)) for name, d in trials.items()} == {"first": 1, "held": 1, "lost": 1}
   rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
   assert rows == {"first": "done", "held": "done", "lost": "done"}, text
+
+
+def test_a_trial_process_does_not_import_the_sweep():
+  """jobs.sweep imports jobs.sweep_trial (a trial's state on disk, its process), never the other way, at
+  any level of the module."""
+  tree = ast.parse((ROOT / "jobs" / "sweep_trial.py").read_text())
+  imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+  imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+  assert not [m for m in imported if m == "jobs" or m.startswith("jobs.")], imported
+  assert "sweep_trial" in (ROOT / "jobs" / "sweep.py").read_text()
