@@ -192,9 +192,10 @@ QUERY_TIMEOUT = 60.0       # seconds one squeue or sacct call may take
 BACKOFF = (2.0, 8.0, 30.0)  # seconds before each retry of a failed call
 REPORT_EVERY = 60.0        # "SLURM not answering since ..." at most this often
 TICK = 15.0                # seconds between a sweep's looks at its jobs: one squeue call for all of them
-# What squeue and sacct print when they did answer, with a non-zero exit: the id is not (or no longer)
-# known; this cluster keeps no accounting.
-_ANSWERED = ("Invalid job id specified", "accounting storage is disabled")
+# What squeue and sacct print when they did answer, with a non-zero exit: the one id asked for is not (or
+# no longer) known (squeue asked for several lists those it knows, and exits 0); no accounting is kept.
+_UNKNOWN_JOB = "Invalid job id specified"
+_NO_ACCOUNTING = "accounting storage is disabled"
 
 
 class NotAnswering(RuntimeError):
@@ -212,9 +213,10 @@ class JobInfo:
     return self.state in _ALIVE
 
 
-def _ask(command: list[str], backoff=None) -> str:
+def _ask(command: list[str], backoff=None, answers=()) -> str:
   """The output of a squeue or sacct call, tried again after each pause of backoff (default BACKOFF);
-  NotAnswering if the last try failed too."""
+  NotAnswering if the last try failed too. A failed call whose error says one of `answers` did answer:
+  with nothing."""
   problem = ""
   for pause in (0.0, *(BACKOFF if backoff is None else backoff)):
     time.sleep(pause)
@@ -228,7 +230,7 @@ def _ask(command: list[str], backoff=None) -> str:
       continue
     if done.returncode == 0:
       return done.stdout
-    if any(answer in done.stderr for answer in _ANSWERED):
+    if any(answer in done.stderr for answer in answers):
       return ""
     problem = f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}"
   raise NotAnswering(f"`{command[0]}` {problem}")
@@ -244,13 +246,14 @@ def query(job_ids, backoff=None) -> dict[str, JobInfo]:
     return {}
   found = {}
   squeue = ["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %N", "--states=all"]
-  for line in _ask(squeue, backoff).splitlines():
+  for line in _ask(squeue, backoff, answers=(_UNKNOWN_JOB,) if len(ids) == 1 else ()).splitlines():
     fields = line.split()
     if len(fields) >= 2 and fields[0] in ids:
       found[fields[0]] = JobInfo(fields[1], " ".join(fields[2:]))
   forgotten = [i for i in ids if i not in found]
   if forgotten:
-    out = _ask(["sacct", "-n", "-X", "-P", "-j", ",".join(forgotten), "-o", "JobID,State,NodeList"], backoff)
+    sacct = ["sacct", "-n", "-X", "-P", "-j", ",".join(forgotten), "-o", "JobID,State,NodeList"]
+    out = _ask(sacct, backoff, answers=(_NO_ACCOUNTING,))
     for line in out.splitlines():   # a requeued job has a line per start: the last one counts
       job_id, _, rest = line.partition("|")
       state, _, nodes = rest.partition("|")

@@ -40,6 +40,8 @@ SBATCH = COMMON + textwrap.dedent("""
 """)
 
 SQUEUE = COMMON + textwrap.dedent("""
+    if os.environ.get("FAKE_SLURM_INVALID"):   # what squeue says of an id it does not know
+      sys.exit(print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr) or 1)
     ids = sys.argv[sys.argv.index("-j") + 1].split(",")
     alive = [i for i, job in jobs.items() if job["state"] != "COMPLETED"]
     with open(home / "alive.log", "a") as f:   # the jobs queued or running when the sweep asked
@@ -183,3 +185,12 @@ def test_parallel_bounds_the_jobs_queued_or_running_at_once(tmp_path, fake_slurm
   assert statuses == {"first": "done", "held": "done", "lost": "done"}
   assert len(fake_slurm.calls("sbatch")) == 3
   assert max(fake_slurm.alive_counts()) == 2
+
+
+def test_an_unknown_job_is_an_answer_only_where_one_job_was_asked_for(fake_slurm, monkeypatch):
+  # squeue asked for one id it does not know exits 1 naming it; asked for several it lists those it
+  # knows and exits 0, so the same error there is no answer about any of them.
+  monkeypatch.setenv("FAKE_SLURM_INVALID", "1")
+  assert slurm.query(["7"]) == {"7": slurm.JobInfo(slurm.ENDED)}
+  with pytest.raises(slurm.NotAnswering, match="Invalid job id"):
+    slurm.query(["7", "8"])
