@@ -38,14 +38,17 @@ def is_run(path: pathlib.Path) -> bool:
 
 
 def trials_of(directory: pathlib.Path) -> list[tuple[str, pathlib.Path]]:
-  """(name, directory) of each trial: DIR itself for a single run; else the sweep's trials in the order of
-  its results table (which lists those not started yet too), then any other run directory inside."""
+  """(name, directory) of each trial: DIR itself for a single run; else the trials in the order of the
+  results table (a sweep's lists those not started yet too; a search's names each trial's run_dir), then
+  any other run directory inside."""
   if is_run(directory):
     return [(directory.name, directory)]
   names = []
   results = directory / "results.csv"
   if results.exists():
-    names = [row["trial"] for row in csv.DictReader(open(results, newline=""))]
+    rows = csv.DictReader(open(results, newline=""))
+    names = list(dict.fromkeys(r["run_dir"] if "run_dir" in r else r["trial"] for r in rows))
+    names = [name for name in names if name]
   names += sorted(p.name for p in directory.iterdir() if p.is_dir() and is_run(p) and p.name not in names)
   return [(name, directory / name) for name in names]
 

@@ -150,3 +150,18 @@ def test_the_state_of_a_slurm_trial_is_what_slurm_said(tmp_path):
       ("running (SLURM not answering (squeue timed out))", True)
   (tmp_path / sweep.DONE).write_text("finished\n")
   assert say(j41=("CANCELLED",), j42=("COMPLETED",)) == ("done", False)
+
+
+def test_the_trials_of_a_sweep_a_search_and_a_run(tmp_path):
+  sweep_dir, search_dir = tmp_path / "sweep", tmp_path / "search"
+  for d in (sweep_dir / "b", sweep_dir / "extra", search_dir / "trial_0001", search_dir / "trial_0000"):
+    d.mkdir(parents=True)
+    (d / sweep.LOG).write_text("$ python -m train ...\n")
+  (sweep_dir / "results.csv").write_text("trial,status\nb,running\na,pending\n")
+  (search_dir / "results.csv").write_text("trial,status,run_dir\n0,failed,trial_0000\n1,complete,trial_0001\n"
+                                          "2,complete,trial_0000\n3,waiting,\n")
+  assert [n for n, _ in status.trials_of(sweep_dir)] == ["b", "a", "extra"]
+  assert [n for n, _ in status.trials_of(search_dir)] == ["trial_0000", "trial_0001"]
+  assert status.trials_of(sweep_dir / "b") == [("b", sweep_dir / "b")]
+  table = status.render(sweep_dir)
+  assert "3 trials" in table and "\na  " in table and "pending" in table, table
