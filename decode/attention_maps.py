@@ -4,8 +4,10 @@ self-attention and encoder-decoder (cross) attention, heads side by side, pieces
     python -m decode.attention_maps --workdir RUN --input "a sentence" [--output DIR] [--checkpoint STEP]
 
 The sentence is translated with beam search first; the maps are then those of the teacher-forced pass
-over (source, BOS + translation). The weights are captured with Flax's `sow` into the 'intermediates'
-collection, which only this tool makes mutable, so the train step never computes them.
+over (source, BOS + translation). The weights are model/attention.py's `attention_weights`, the function
+the model attends with (a switch of `visible` or `scores` shows here as it computes), captured with Flax's
+`sow` into the 'intermediates' collection, which only this tool makes mutable, so the train step never
+computes them.
 """
 from __future__ import annotations
 

@@ -16,19 +16,29 @@ import sentencepiece as spm
 from model.config import ANY, TransformerConfig, unimplemented
 from model.embedding import sinusoid
 
-FORMATS = ("hf", "ctranslate2")
-# What both formats hold (model.config.unimplemented reads it: {field: ANY, the values they take, or a
-# predicate of the config}): the paper's encoder-decoder with Marian's switches. A model that sets any
-# other field (a switch added after this list included) is refused, naming it.
-IMPLEMENTS = {name: ANY for name in (
+# Each format's own declaration of what it holds (model.config.unimplemented reads it: {field: ANY, the
+# values it takes, or a predicate of the config}): today both hold the paper's encoder-decoder with
+# Marian's switches. A model that sets any other field (a switch added after these lists included) is
+# refused by that format, naming it; declaring a field for one format declares it for no other.
+HF = dict(dict.fromkeys((
     "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
     "dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "max_len", "param_dtype", "pre_norm",
     "share_embeddings", "attention_bias", "layer_norm_epsilon", "logits_bias", "compute",
     # read only with positions="relative" or arch="encoder_only", which are refused
-    "relative_buckets", "relative_max_distance", "num_classes")}
-IMPLEMENTS.update(arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
-                  num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads,
-                  activation=("relu", "swish"), norm=("layernorm",))   # swish: Marian's (both formats)
+    "relative_buckets", "relative_max_distance", "num_classes"), ANY),
+    arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
+    num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads,
+    activation=("relu", "swish"), norm=("layernorm",))   # swish: Marian's SiLU
+CTRANSLATE2 = dict(dict.fromkeys((
+    "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
+    "dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "max_len", "param_dtype", "pre_norm",
+    "share_embeddings", "attention_bias", "layer_norm_epsilon", "logits_bias", "compute",
+    "relative_buckets", "relative_max_distance", "num_classes"), ANY),
+    arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
+    num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads,
+    activation=("relu", "swish"), norm=("layernorm",))
+IMPLEMENTS = {"hf": HF, "ctranslate2": CTRANSLATE2}
+FORMATS = tuple(IMPLEMENTS)
 
 
 class UnsupportedOption(ValueError):
@@ -54,7 +64,7 @@ def check_exportable(cfg: TransformerConfig, fmt: str) -> None:
                     "loads; a pre-norm model exports as Pegasus, which keeps the table; or export to "
                     "ctranslate2)")
   problems += [f"{option} (the {fmt} export holds the paper's model with Marian's switches: "
-               f"export/weights.py's IMPLEMENTS)" for option in unimplemented(cfg, IMPLEMENTS)]
+               f"export/weights.py's {fmt.upper()})" for option in unimplemented(cfg, IMPLEMENTS[fmt])]
   if cfg.positions != "learned" and cfg.d_model % 2:
     problems.append(f"odd d_model={cfg.d_model}")
   if problems:

@@ -36,20 +36,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 
 CHOICES = ("auto", "reference", "cpu")
-# Today's model family, as a fast path declares what it implements ({model.TransformerConfig field: None
-# for any value, the values it takes, or a predicate of the config}; model.config.unimplemented reads it):
-# every field, in the values it has today. A field or value added after this list is not in it, so every
-# fast path that declares FAMILY sends a config that sets it to the plain model until someone adds it here.
-FAMILY = {name: None for name in (
+# The paper's model, the one base a fast path's declaration may start from ({model.TransformerConfig
+# field: None for any value}): its sizes, P_drop, dtypes and how it is computed. Read-only, so that no
+# fast path can declare a field for another by writing here.
+PAPER = types.MappingProxyType({name: None for name in (
     "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_encoder_layers", "num_decoder_layers",
-    "dropout_rate", "attention_dropout_rate", "relu_dropout_rate", "max_len", "param_dtype", "pre_norm",
-    "share_embeddings", "attention_bias", "layer_norm_epsilon", "num_kv_heads", "logits_bias",
-    "relative_buckets", "relative_max_distance", "num_classes", "compute")}
-FAMILY.update(arch=("encoder_decoder", "decoder_only", "encoder_only"),
-              positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
-              activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
+    "dropout_rate", "max_len", "param_dtype", "layer_norm_epsilon", "compute")})
+
+
+def declare(*any_value: str, **values) -> dict:
+  """What one fast path implements, in the form model.config.unimplemented reads: the paper's model
+  (PAPER), the fields named in any_value in every value, and each field of `values` in the values it
+  takes (a tuple) or where a predicate of the config holds. A new dict on every call, so each fast path
+  holds its own: declaring a field for one declares it for no other. A field that no declaration names,
+  a switch added tomorrow included, sends that fast path to the plain model."""
+  return {**PAPER, **{name: None for name in any_value}, **values}
+
+
 # The logit of a key a query may not see, in every XLA attention (model/attention.py, decode_cache.py):
 # large enough to zero a float32 softmax entry, small enough not to overflow when added to logits.
 MASKED = -1e9

@@ -18,7 +18,7 @@ replaces what a decoding step on a CPU runs on:
   extensions       beam search's choice of candidates as one C++ call (kernels/cpu_decoding.py), or
                    without it XLA's ops with a top-k pruned by chunks (kernels/beam_top_k.py)
 
-What it implements is declared (`DECODING`, `CACHES`, in kernels.FAMILY's form); model/ops.py decodes a
+What it implements is declared (`DECODING`, `CACHES`, each its own kernels.declare); model/ops.py decodes a
 config with any other field set (model.config.unimplemented) on the plain path instead, and says so
 once. The XLA caches attend with the model's mask (model/attention.py's `visible`); the C++ attention
 reads the positions up to the step's index instead, which is what `visible` gives for every config
@@ -39,13 +39,23 @@ import jax.numpy as jnp
 import kernels
 from kernels import beam_top_k, cpu_decoding, decode_cache, dropout16, flat_matmul, mixed_matmul, output_layer
 
-# The step's pieces (panels, output layer, candidate selection): the family as tests/test_family.py
-# decodes it (kernels.FAMILY's form).
-DECODING = kernels.FAMILY
-# The head-major and beam-slot caches and the C++ attention: the paper's encoder-decoder (num_heads key
-# and value heads, no prompt, no positions inside attention).
-CACHES = dict(DECODING, arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
-              num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads)
+# What CPU decoding implements, each its own declaration (kernels.declare): a config that sets any other
+# field decodes on the plain path. The step's pieces (panels, output layer, candidate selection): the
+# family as tests/test_family.py decodes it.
+DECODING = kernels.declare(
+    "attention_dropout_rate", "relu_dropout_rate", "pre_norm", "share_embeddings", "attention_bias",
+    "num_kv_heads", "logits_bias", "relative_buckets", "relative_max_distance", "num_classes",
+    arch=("encoder_decoder", "decoder_only", "encoder_only"),
+    positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
+    activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
+# The head-major and beam-slot caches and the C++ attention, which compute the attention themselves: the
+# paper's encoder-decoder (num_heads key and value heads, no prompt, no positions inside attention).
+CACHES = kernels.declare(
+    "attention_dropout_rate", "relu_dropout_rate", "pre_norm", "share_embeddings", "attention_bias",
+    "logits_bias", "relative_buckets", "relative_max_distance", "num_classes",
+    arch=("encoder_decoder",), positions=("sinusoidal", "learned"),
+    num_kv_heads=lambda cfg: cfg.kv_heads == cfg.num_heads,
+    activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
 PANELS = "panels"   # the decoding memory's key for the layer weights
 ATTENTIONS = {"self_attention": ("query", "key", "value", "out"),
               # cross-attention's keys and values are computed once per batch: they keep their kernels

@@ -12,9 +12,9 @@ model/attention.py by model/ops.py:
 
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
 segment ids (PackedMask): they read the segment ids and the causal flag, not the dense mask that
-model/attention.py's `visible` builds, so they take only the configs they declare (IMPLEMENTS: every
+model/attention.py's `visible` builds, so each takes only the configs it declares (CUDNN, SPLASH: every
 field of today's family, in its values; model/ops.py's attention_impl sends any other to xla, naming
-it). A decoding step attends one query to the cache with the plain attention. Where a kernel cannot
+the kernel and the field). A decoding step attends one query to the cache with the plain attention. Where a kernel cannot
 take what the model asks for (a score bias for splash, attention dropout, float32 for cuDNN), that
 attention uses the plain one and says why once (logging, warning level where the kernel was asked for
 or would run). Splash computes whole blocks of 128 positions: a
@@ -34,9 +34,24 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 import kernels
 
-# What the kernels implement (kernels.FAMILY's form): a config with another field set computes attention
-# as model/ does. (Attention dropout and score biases they refuse per call: *_unsupported below.)
-IMPLEMENTS = kernels.FAMILY
+# What each kernel implements, its own declaration (kernels.declare): a config with another field set
+# computes that kernel's attentions as model/ does (model/ops.py's attention_impl). Both read the segment
+# ids and the causal flag, never the dense mask, and compute softmax(q k^T / sqrt(d_k)) themselves: a
+# switch that changes what a query sees or its scores is not theirs until declared here with a test.
+# (Attention dropout, score biases and dtypes they refuse per call: *_unsupported below.)
+CUDNN = kernels.declare(
+    "attention_dropout_rate", "relu_dropout_rate", "pre_norm", "share_embeddings", "attention_bias",
+    "num_kv_heads", "logits_bias", "relative_buckets", "relative_max_distance", "num_classes",
+    arch=("encoder_decoder", "decoder_only", "encoder_only"),
+    positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
+    activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
+SPLASH = kernels.declare(
+    "attention_dropout_rate", "relu_dropout_rate", "pre_norm", "share_embeddings", "attention_bias",
+    "num_kv_heads", "logits_bias", "relative_buckets", "relative_max_distance", "num_classes",
+    arch=("encoder_decoder", "decoder_only", "encoder_only"),
+    positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
+    activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
+KERNELS = {"cudnn": CUDNN, "splash": SPLASH}   # Compute.attention_impl's kernels, by name
 log = logging.getLogger(__name__)
 _SAID: set = set()
 SPLASH_BLOCKS = (512, 256, 128)   # splash's block sizes, largest first: a length must be a multiple of one
@@ -99,7 +114,7 @@ def cudnn_unsupported(q, k, v, bias, dropout: bool) -> str | None:
 def splash_unsupported(q, k, v, bias, dropout: bool) -> str | None:
   """Why splash attention cannot compute this attention (None: it can)."""
   if bias is not None:
-    return "splash attention adds no score bias (positions='alibi' or 'relative')"
+    return "splash attention adds no score bias (positions='alibi' or positions='relative')"
   if dropout:
     return "splash attention has no attention dropout (attention_dropout_rate > 0)"
   if q.shape[-1] != v.shape[-1]:
@@ -165,11 +180,13 @@ def splash(q, k, v, mask, interpret: bool = False):
   return out[:, :q_len]
 
 
-def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable):
+def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable,
+              declared: tuple = tuple(KERNELS)):
   """The attention `impl` chooses, for the teacher-forced pass. q [b, q_len, h, d_k]; k, v
   [b, kv_len, g, d]; mask: a PackedMask; bias: None or float [b, h, q_len, kv_len];
   dropout: whether the attention weights take dropout (the kernels do not). reference(q, k, v, mask,
-  bias) is the plain attention. Returns [b, q_len, h, d_v].
+  bias) is the plain attention; declared: the kernels whose declaration takes the model (with "auto",
+  the others are not traced; model/ops.py's attention_impl gives it). Returns [b, q_len, h, d_v].
 
   Each branch takes everything as arguments (no closed-over arrays): jax.export's bookkeeping of a
   program's arguments breaks on arrays that a platform_dependent branch closes over."""
@@ -201,23 +218,25 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
     # The TPU kernel where lowered for a TPU; elsewhere the same kernel in interpret mode (tests, CPU).
     return jax.lax.platform_dependent(
         *args, tpu=on_tpu, default=lambda *args: on_tpu(*args, interpret=True))
-  # auto: each platform's kernel, where it can take this attention.
+  # auto: each platform's kernel, where its declaration takes the model (model/ops.py said which does
+  # not) and it can take this attention.
+  def on_gpu(*args):
+    try:
+      return cudnn(*args)
+    # RuntimeError: jax's CUDA plugin is not installed where this is traced; the others: a shape or
+    # layout that jax's cuDNN attention refuses (it checks when tracing)
+    except (RuntimeError, NotImplementedError, ValueError) as error:
+      _say("auto", f"on a GPU, cuDNN's attention cannot be traced here ({error})", loud=backend == "gpu")
+      return reference(*args)
+
   branches = {}
-  if cudnn_why:
+  if "cudnn" in declared and cudnn_why:
     _say("auto", f"on a GPU, {cudnn_why}", loud=backend == "gpu")
-  else:
-    def on_gpu(*args):
-      try:
-        return cudnn(*args)
-      # RuntimeError: jax's CUDA plugin is not installed where this is traced; the others: a shape or
-      # layout that jax's cuDNN attention refuses (it checks when tracing)
-      except (RuntimeError, NotImplementedError, ValueError) as error:
-        _say("auto", f"on a GPU, cuDNN's attention cannot be traced here ({error})", loud=backend == "gpu")
-        return reference(*args)
+  elif "cudnn" in declared:
     branches["cuda"] = on_gpu
-  if splash_why:
+  if "splash" in declared and splash_why:
     _say("auto", f"on a TPU, {splash_why}", loud=backend == "tpu")
-  else:
+  elif "splash" in declared:
     branches["tpu"] = on_tpu
   if not branches:
     return reference(*args)

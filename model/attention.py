@@ -48,30 +48,41 @@ def segment_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   return (same & real)[:, None]
 
 
-def attention_weights(q, k, mask, bias=None, dot_general=None):
-  """softmax(q k^T / sqrt(d_k) + bias) over the keys a query may see, in float32: the plain attention's one
-  softmax. q [b, q_len, h, d_k]; k [b, kv_len, g, d_k], g dividing h (g < h: grouped-query attention, each
-  key/value head serving h/g consecutive query heads); mask bool and bias float (ALiBi, relative positions)
-  broadcastable to [b, h, q_len, kv_len], or None. Returns float32 [b, h, q_len, kv_len]."""
+def scores(cfg, q, k, bias=None, dot_general=None) -> jax.Array:
+  """The attention's scores, q k^T / sqrt(d_k) + bias, in float32: the one place of every plain attention
+  (teacher-forced, prefill, the plain cache's step, the recorded maps) where a switch that changes the
+  scores goes (docs/model.md, "Adding a switch"). q [b, q_len, h, d_k]; k [b, kv_len, g, d_k], g dividing
+  h (g < h: grouped-query attention, each key/value head serving h/g consecutive query heads); bias float
+  (ALiBi, relative positions) broadcastable to [b, h, q_len, kv_len], or None; cfg: the TransformerConfig
+  (None: the paper's). Returns float32 [b, h, q_len, kv_len]."""
+  del cfg   # no switch of today's family changes them
   groups = q.shape[2] // k.shape[2]
   k = jnp.repeat(k, groups, axis=2) if groups > 1 else k                     # [b, kv_len, h, d_k]
   logits = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k,
                       preferred_element_type=jnp.float32,
                       _dot_general=dot_general or jax.lax.dot_general)       # float32 [b, h, q_len, kv_len]
-  if bias is not None:
-    logits = logits + bias
+  return logits if bias is None else logits + bias
+
+
+def attention_weights(cfg, q, k, mask, bias=None, dot_general=None) -> jax.Array:
+  """softmax(scores) over the keys a query may see (mask, from `visible`), in float32: the plain
+  attention's one softmax, which the model attends with and its recorded maps show
+  (decode/attention_maps.py). q, k, bias, cfg: as `scores`; mask bool broadcastable to
+  [b, h, q_len, kv_len], or None. Returns float32 [b, h, q_len, kv_len]."""
+  logits = scores(cfg, q, k, bias, dot_general)
   if mask is not None:
     logits = jnp.where(mask, logits, ops.MASKED)
   return jax.nn.softmax(logits, axis=-1)
 
 
 def dot_product_attention(q, k, v, mask, *, dtype=jnp.float32, dot_general=None, dropout=None,
-                          bias=None):
-  """attention_weights(q, k, mask, bias) v, the product in `dtype`. q, k, mask, bias: as attention_weights
-  (mask may be a PackedMask); v [b, kv_len, g, d_v]. Returns [b, q_len, h, d_v] in `dtype`. dot_general:
-  both matmuls' (None: lax.dot_general); dropout: None or a function applied to the attention weights."""
+                          bias=None, cfg=None):
+  """attention_weights(cfg, q, k, mask, bias) v, the product in `dtype`. q, k, mask, bias, cfg: as
+  attention_weights (mask may be a PackedMask); v [b, kv_len, g, d_v]. Returns [b, q_len, h, d_v] in
+  `dtype`. dot_general: both matmuls' (None: lax.dot_general); dropout: None or a function applied to the
+  attention weights."""
   mask = mask.dense if isinstance(mask, ops.PackedMask) else mask
-  weights = attention_weights(q, k, mask, bias, dot_general)                # float32
+  weights = attention_weights(cfg, q, k, mask, bias, dot_general)           # float32
   if dropout is not None:
     weights = dropout(weights)
   groups = q.shape[2] // v.shape[2]
@@ -96,7 +107,9 @@ class MultiHeadAttention(nn.Module):
   dropout_cls: Any = nn.Dropout
   num_kv_heads: int | None = None   # heads of K and V (None: num_heads); fewer = GQA, 1 = MQA
   rope: bool = False                # rotate queries and keys by their positions (model/positions.py)
-  impl: str = "xla"                 # Compute.attention_impl (model/ops.py's attention)
+  impl: str = "xla"                 # Compute.attention_impl (model/ops.py's attention_impl)
+  fused: tuple = ()                 # the fused kernels whose declarations take the model (the same)
+  cfg: Any = None                   # the TransformerConfig, for a switch of `visible` or `scores`
 
   def setup(self):
     dense = lambda features, axis=-1: nn.DenseGeneral(
@@ -128,12 +141,13 @@ class MultiHeadAttention(nn.Module):
       dropout = lambda w: self.weights_dropout(w, deterministic=False, rng=rng)
     dense = mask.dense if isinstance(mask, ops.PackedMask) else mask
     if self.is_mutable_collection("intermediates"):   # decode/attention_maps.py asks; training never does
-      self.sow("intermediates", "attention_weights", attention_weights(q, k, dense, bias))
+      self.sow("intermediates", "attention_weights", attention_weights(self.cfg, q, k, dense, bias))
     reference = lambda q, k, v, mask, bias: dot_product_attention(
-        q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias)
+        q, k, v, mask, dtype=self.dtype, dot_general=self.dot_general, dropout=dropout, bias=bias, cfg=self.cfg)
     if not isinstance(mask, ops.PackedMask):   # a decoding step: one query against the cache
       return reference(q, k, v, mask, bias)
-    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None, reference).astype(self.dtype)
+    return ops.attention(self.impl, q, k, v, mask, bias, dropout is not None, reference,
+                         self.fused).astype(self.dtype)
 
   def __call__(self, x, memory, mask, deterministic=True, positions=None, bias=None):
     """x [b, q_len, d_model] attends to memory [b, kv_len, d_model]; returns [b, q_len, d_model].

@@ -41,13 +41,14 @@ class FeedForward(nn.Module):
 
 
 def _attention(cfg: TransformerConfig, cross: bool = False):
-  ops = ops_for(cfg)
+  ops, (impl, fused) = ops_for(cfg), attention_impl(cfg)
   return MultiHeadAttention(num_heads=cfg.num_heads, d_k=cfg.head_dim_k, d_v=cfg.head_dim_v,
                             d_model=cfg.d_model, use_bias=cfg.attention_bias,
                             dropout_rate=cfg.attention_dropout_rate, dtype=as_dtype(cfg.compute.dtype),
                             param_dtype=as_dtype(cfg.param_dtype), dot_general=ops.dot_general,
                             dropout_cls=ops.dropout, num_kv_heads=cfg.kv_heads,
-                            rope=cfg.positions == "rope" and not cross, impl=attention_impl(cfg))
+                            rope=cfg.positions == "rope" and not cross, impl=impl, fused=fused,
+                            cfg=cfg)
 
 
 def layer_norm(cfg: TransformerConfig):

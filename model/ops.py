@@ -7,9 +7,11 @@ kernels/cpu_backend.py's XLA:CPU fast paths (same results: tests/test_kernels.py
 "auto" is "cpu" on the CPU: where the train and eval steps are lowered for it (kernels.on_lowering_platform),
 and for decoding, whose cache layout is chosen before tracing, where JAX runs (kernels.resolve).
 
-Each fast path declares the TransformerConfig fields it implements (cpu_backend.DECODING and CACHES,
-fused_attention.IMPLEMENTS); a config with any other field set runs on the plain pieces, which says so
-once (model.config.unimplemented).
+Each fast path holds its own declaration of the TransformerConfig fields it implements (CPU decoding:
+cpu_backend.DECODING and CACHES; the fused attentions: fused_attention.CUDNN and SPLASH; the fused
+output layer and loss: FUSED_LOSS below); declaring a field for one declares it for no other. A config
+that sets a field a fast path does not declare runs on the plain pieces instead, which is said once, as
+a warning naming the fast path and the field (model.config.unimplemented).
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import logging
 from typing import Any, Callable
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -31,6 +32,13 @@ from model.config import TransformerConfig, as_dtype, unimplemented
 
 log = logging.getLogger(__name__)
 _SAID: set = set()
+# What the fused output layer and loss (train/chunked_loss.py) implement: they compute the logits of the
+# decoder's outputs as Transformer.output_inputs gives them (the shared or separate table, the logits bias).
+FUSED_LOSS = kernels.declare(
+    "attention_dropout_rate", "relu_dropout_rate", "pre_norm", "share_embeddings", "attention_bias",
+    "num_kv_heads", "logits_bias", "relative_buckets", "relative_max_distance", "num_classes",
+    arch=("encoder_decoder", "decoder_only"), positions=("sinusoidal", "learned", "rope", "alibi", "relative"),
+    activation=("relu", "gelu", "swish", "swiglu", "geglu"), norm=("layernorm", "rmsnorm"))
 
 MASKED = kernels.MASKED   # the logit of a key a query may not see, in every XLA attention
 # attention(impl, q, k, v, mask, bias, dropout, reference): the teacher-forced attention that
@@ -54,7 +62,7 @@ class Ops:
   dot_general: Callable | None   # for every matmul (None: lax.dot_general in the compute dtype)
   dropout: type                  # an nn.Dropout-style module class
   # Whether train/ fuses the output layer with the loss (train/chunked_loss.py): every architecture with
-  # a decoder, on every path, for the fields kernels.FAMILY declares; the masked LM's head keeps full logits.
+  # a decoder, on every path, for the fields FUSED_LOSS declares; the masked LM's head keeps full logits.
   fused_loss: bool
 
   @property
@@ -93,27 +101,28 @@ def _mixed(cfg: TransformerConfig):
   return dtype, (matmul if matmul is not None and matmul != dtype else None)
 
 
-def _falls_back(cfg, implements: dict, what: str, level=logging.WARNING) -> bool:
-  """Whether cfg sets a field that a fast path does not declare in `implements`; if so, says once that
-  `what` runs on the plain path, naming the fields."""
+def _falls_back(cfg, implements: dict, what: str) -> bool:
+  """Whether cfg sets a field that a fast path does not declare in `implements`; if so, says once, as a
+  warning (the level the console shows), that `what` runs on the plain path, naming the fields."""
   missing = unimplemented(cfg, implements)
   if missing:
     message = f"{what} does not implement {', '.join(missing)}: the plain path (model/) runs instead"
     if message not in _SAID:
       _SAID.add(message)
-      log.log(level, message)
+      log.warning(message)
   return bool(missing)
 
 
-def attention_impl(cfg: TransformerConfig) -> str:
-  """Compute.attention_impl for the layers of cfg: "xla" where cfg sets a field that the fused kernels do
-  not declare (fused_attention.IMPLEMENTS), which is said once."""
+def attention_impl(cfg: TransformerConfig) -> tuple[str, tuple[str, ...]]:
+  """(Compute.attention_impl for the layers of cfg, the fused kernels that may compute them). A kernel
+  whose own declaration (fused_attention.CUDNN, SPLASH) does not take cfg is left out, which is said
+  once naming it and the field; the impl is "xla" where that leaves none that was asked for."""
   impl = cfg.compute.attention_impl
-  loud = impl != "auto" or jax.default_backend() != "cpu"   # (auto on a CPU is xla anyway)
-  if impl != "xla" and _falls_back(cfg, fused_attention.IMPLEMENTS, f"attention_impl={impl!r} "
-                                   "(kernels/fused_attention.py)", logging.WARNING if loud else logging.INFO):
-    return "xla"
-  return impl
+  asked = tuple(fused_attention.KERNELS) if impl == "auto" else () if impl == "xla" else (impl,)
+  declared = tuple(name for name in asked if not _falls_back(
+      cfg, fused_attention.KERNELS[name], f"attention_impl={impl!r}: {name} (kernels/fused_attention.py's "
+      f"{name.upper()})"))
+  return ("xla" if asked and not declared else impl), declared
 
 
 def ops_for(cfg: TransformerConfig) -> Ops:
@@ -125,7 +134,7 @@ def ops_for(cfg: TransformerConfig) -> Ops:
     dot_general = None if mixed is None else functools.partial(rounded_dot_general, dtype=mixed)
     dropout = nn.Dropout
   fused_loss = cfg.arch != "encoder_only" and not _falls_back(
-      cfg, kernels.FAMILY, "the fused output layer and loss (train/chunked_loss.py)", logging.INFO)
+      cfg, FUSED_LOSS, "the fused output layer and loss (train/chunked_loss.py, model/ops.py's FUSED_LOSS)")
   return Ops(matmul_dtype=mixed, dot_general=dot_general, dropout=dropout, fused_loss=fused_loss)
 
 
@@ -138,9 +147,8 @@ def decoding_for(cfg: TransformerConfig) -> Decoding:
                    decoding_weights=lambda table: table,
                    decoding_logits=functools.partial(_reference_logits, ops_for(cfg).dot_general))
   if (kernels.resolve(cfg.compute.kernels) != "cpu"
-      or _falls_back(cfg, cpu_backend.DECODING, "kernels='cpu' decoding (kernels/cpu_backend.py)")):
+      or _falls_back(cfg, cpu_backend.DECODING, "kernels='cpu' decoding (kernels/cpu_backend.py's DECODING)")):
     return plain
-  # The family's switches beyond the paper's model decode with the plain cache (INFO: known and tested).
-  caches = not _falls_back(cfg, cpu_backend.CACHES, "the CPU decoding caches (kernels/decode_cache.py)",
-                           logging.INFO)
+  # The family's switches beyond the paper's model decode with the CPU step's pieces and the plain cache.
+  caches = not _falls_back(cfg, cpu_backend.CACHES, "the CPU decoding caches (kernels/cpu_backend.py's CACHES)")
   return cpu_backend.decoding(cfg, plain, dtype, mixed, caches)
