@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import export as jax_export
 from jax._src.cudnn import fused_attention_stablehlo
 
 import kernels
@@ -176,7 +175,7 @@ def _lowered(cfg, platform: str) -> set:
   ids = jnp.ones((2, 128), jnp.int32)
   params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))
   abstract = jax.ShapeDtypeStruct(ids.shape, ids.dtype)
-  checks = [jax_export.DisabledSafetyCheck.custom_call(name) for name in CUDNN_CALLS]
+  checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in CUDNN_CALLS]
   text = kernels.export(jax.jit(model.apply), params, abstract, abstract, platforms=(platform,),
                         disabled_checks=checks).mlir_module()
   return set(re.findall(r"custom_call @([\w$.]+)", text))
