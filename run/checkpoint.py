@@ -7,7 +7,9 @@ step, the set train/average.py averages, meta marked {"to_average": every}), and
 workdir/averaged/<step>/{params, meta} (written by train/average.py).
 - params, opt_state: the arrays, saved asynchronously from their sharded layout.
 - meta (JSON): step, the run's train RNG key (uint32 words), the data iterator state, the vocabulary
-  fingerprint, the seed and early stopping's state (the best dev loss and its step, `best_step`).
+  fingerprint, the seed, early stopping's state (the best dev loss and its step, `best_step`) and whether
+  the step's dev evaluation is owed (`eval_owed`: a signal cut it short; the resumed run does it, then
+  records it done with `update_meta`).
 The manager keeps the last `keep` steps and any step the trainer marks (KeepSteps): with early stopping,
 the step of the best dev loss, however old. `read_params` reads that step by default for such a run
 (the run's model is its best checkpoint by dev loss); `latest` reads the newest.
@@ -32,7 +34,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from run.user_errors import UserError
-from run.workdir import DAMAGED, WRITTEN_BY_TRAIN, read_file, run_file
+from run.workdir import DAMAGED, WRITTEN_BY_TRAIN, read_file, run_file, write_atomically
 
 CHECKPOINTS = "checkpoints"
 TO_AVERAGE = "checkpoints_to_average"   # config.train.average_every_steps: the step checkpoints averaged
@@ -368,3 +370,10 @@ def read_meta(workdir, step: int, checkpoint=None, *, directory: str | None = No
   if not isinstance(meta, dict):
     raise UserError(f"{path} is not the JSON object a checkpoint's meta holds: {DAMAGED}")
   return meta
+
+
+def update_meta(workdir, step: int, changes: dict) -> None:
+  """Rewrites the meta of workdir/checkpoints/<step> with `changes` applied, atomically (a crash leaves the
+  old meta or the new one); the arrays are untouched. Orbax cannot save a step again."""
+  path = pathlib.Path(workdir) / CHECKPOINTS / str(step) / "meta" / "metadata"
+  write_atomically(path, json.dumps({**read_meta(workdir, step), **changes}))

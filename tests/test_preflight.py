@@ -15,11 +15,13 @@ import pytest
 
 from decode import slurm as decode_slurm
 from jobs import preflight, search, slurm, sweep
+from run import checkpoint as ckpt
 from run import config as config_io
 from run import devices
+from run import metrics as metrics_io
 from train import step as step_lib
 from train import train as train_lib
-from train.train import train_and_evaluate
+from train.train import TIMING_KEYS, train_and_evaluate
 import experiments
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -180,10 +182,11 @@ def test_cpus_other_than_the_job_asked_for_are_named_in_one_line(monkeypatch):
 
 # --- time limits: a signal during a dev evaluation (train/train.py) -----------------------------------------
 
-@pytest.mark.slow   # three short smoke runs: ~25 s
-def test_a_signal_during_a_dev_evaluation_cuts_it_short_saves_and_resumes(tmp_path, monkeypatch):
+@pytest.mark.slow   # four short smoke runs: ~20 s
+def test_a_signal_during_a_dev_evaluation_cuts_it_short_and_the_resumed_run_does_it(tmp_path, monkeypatch):
   """SIGTERM (SLURM's time limit, passed on by task 0) during the dev loss, then during the dev BLEU: each
-  cuts its evaluation short, the step is saved, and the rerun (what the requeued job runs) resumes it."""
+  cuts its evaluation short, the step is saved owing it, and the rerun (what the requeued job runs) does
+  that evaluation first; the dev metrics and early stopping then equal an uninterrupted run's."""
   real_eval, real_translate, calls, translated, signal_at = step_lib.jit_eval_step, train_lib.translate, [], [], []
 
   def signalling_eval_step(*args, **kwargs):
@@ -207,24 +210,34 @@ def test_a_signal_during_a_dev_evaluation_cuts_it_short_saves_and_resumes(tmp_pa
   monkeypatch.setattr(train_lib, "BLEU_CHUNK", 16)   # the 64 dev sentences in 4 chunks
   config = experiments.apply_overrides(experiments.load_experiment(SMOKE), {
       "train.num_steps": 6, "train.eval_every": 2, "train.bleu_every": 4, "train.log_every": 1,
-      "train.checkpoint_every_steps": 0, "train.checkpoint_every_minutes": 0.0, "train.test_bleu": False,
-      "train.progress": False, "train.tensorboard": False})
-  workdir = tmp_path / "run"
-  evals = lambda: [line["step"] for line in map(json.loads, open(workdir / "metrics.jsonl")) if "eval/loss" in line]
+      "train.early_stop_evals": 3, "train.checkpoint_every_steps": 0, "train.checkpoint_every_minutes": 0.0,
+      "train.test_bleu": False, "train.progress": False, "train.tensorboard": False})
+  whole, workdir = tmp_path / "whole", tmp_path / "run"
+  dev_lines = lambda run: [{k: v for k, v in line.items() if k not in TIMING_KEYS}
+                           for line in metrics_io.read_metrics(run) if "eval/loss" in line]
+  evals = lambda: [line["step"] for line in dev_lines(workdir)]
   saved = lambda: sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  uninterrupted = train_and_evaluate(config, whole)
+  assert [line["step"] for line in dev_lines(whole)] == [2, 4, 6] and "eval/bleu" in dev_lines(whole)[1]
   # During the dev loss at step 2, after its 2nd batch.
-  signal_at[:] = [2]
+  signal_at[:], calls[:], translated[:] = [2], [], []
   outcome = train_and_evaluate(config, workdir)
   assert (outcome.interrupted, outcome.step, len(calls), saved(), evals()) == ("SIGTERM", 2, 2, [2], [])
-  # Resumed: step 2's evaluation is not redone; during step 4's dev BLEU, in its first of 4 chunks.
+  assert ckpt.read_meta(workdir, 2)["eval_owed"] is True
+  # Resumed: step 2's evaluation first, whole; then during step 4's dev BLEU, in its first of 4 chunks.
   signal_at[:], calls[:] = [-1], []
   outcome = train_and_evaluate(config, workdir)
-  assert (outcome.interrupted, outcome.step, len(translated), saved(), evals()) == ("SIGTERM", 4, 1, [2, 4], [])
-  assert len(calls) > 2, "the dev loss has more batches than the 2 the first cut evaluation ran"
-  # Resumed again: it ends with whole evaluations.
+  assert (outcome.interrupted, outcome.step, len(translated), saved(), evals()) == ("SIGTERM", 4, 1, [2, 4], [2])
+  assert len(calls) > 2, "step 2's dev loss, redone, has more batches than the 2 the cut evaluation ran"
+  assert ckpt.read_meta(workdir, 2)["eval_owed"] is False and ckpt.read_meta(workdir, 4)["eval_owed"] is True
+  # Resumed again: step 4's evaluation (loss and BLEU) first, then the rest as an uninterrupted run.
   signal_at[:] = []
   outcome = train_and_evaluate(config, workdir)
-  assert (outcome.interrupted, outcome.step, evals()) == (None, 6, [6])
+  assert (outcome.interrupted, outcome.step, evals()) == (None, 6, [2, 4, 6])
+  assert dev_lines(workdir) == dev_lines(whole)
+  early = lambda run: ckpt.read_meta(run, 6)["early_stop"]
+  assert early(workdir) == early(whole) and early(whole)["best_step"] is not None
+  assert (outcome.best_step, ckpt.best_step(workdir)) == (uninterrupted.best_step, ckpt.best_step(whole))
 
 
 def test_bulk_decoding_jobs_ask_srun_for_the_cpus_too(tmp_path, sbatch, monkeypatch):

@@ -292,6 +292,7 @@ class _Start:
   train_key: object
   pending: list        # per-step metric dicts since the last log line (restored too: exact averages)
   early: dict          # early stopping: the best dev loss so far, the evals since it, whether stopped
+  eval_owed: bool      # a signal cut this step's dev evaluation short: the run does it before training on
 
 
 def _starting_state(config, run: RunDir, model, tx, mesh, vocab, train_iter) -> _Start:
@@ -306,7 +307,7 @@ def _starting_state(config, run: RunDir, model, tx, mesh, vocab, train_iter) -> 
     state, _ = step_lib.create_state(model, tx, mesh, params_key, fsdp=tc.fsdp)
     if tc.init_checkpoint:
       state = _init_from_checkpoint(tc.init_checkpoint, state, shardings)
-    return _Start(state, train_key, [], early)
+    return _Start(state, train_key, [], early, False)
   early.update(meta.get("early_stop", {}))
   if meta.get("vocab_fingerprint") not in (None, vocab.fingerprint):
     raise UserError(f"{run.path}/vocab.model does not match the checkpoint's vocabulary "
@@ -323,7 +324,8 @@ def _starting_state(config, run: RunDir, model, tx, mesh, vocab, train_iter) -> 
     raise ckpt.CheckpointMismatch(f"{run.path / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
   _say(f"[train] resumed {run.path} at step {meta['step']}")
   train_key = ckpt.key_from_json(meta["rng"], RNG_IMPLS[tc.get("rng_impl", "threefry")])
-  return _Start(jax.device_put(state, shardings), train_key, meta.get("pending_metrics", []), early)
+  return _Start(jax.device_put(state, shardings), train_key, meta.get("pending_metrics", []), early,
+                bool(meta.get("eval_owed", False)))
 
 
 def _profile_window(spec: str) -> tuple[int, int] | None:
@@ -373,20 +375,21 @@ def _train(config, run: RunDir) -> Outcome:
   # step checkpoints that are averaged (_StepCheckpoints).
   check_finite = lambda step: _check_finite(state, step, run)
 
-  def save(step):   # (clock: assigned before the loop calls it)
+  def save(step, eval_owed=False):   # (clock: assigned before the loop calls it)
     check_finite(step)
     with clock.part("checkpoint"):
       host_pending = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
       meta = {"step": step, "rng": ckpt.key_to_json(train_key), "data": data.train_iter.get_state(),
               "vocab_fingerprint": data.vocab.fingerprint, "seed": config.seed,
-              "pending_metrics": host_pending, "early_stop": dict(early)}
+              "pending_metrics": host_pending, "early_stop": dict(early), "eval_owed": eval_owed}
       ckpt.save(run.checkpoints(), step, state.params, state.opt_state, meta)
 
-  # Evaluation. A finished run rerun reports again: its final eval and test lines are rewritten.
+  # Evaluation. A finished run rerun reports again: its final eval and test lines are rewritten, as are
+  # those of an evaluation owed at the step resumed (written by a run killed before it recorded them done).
   writer = metrics_io.NoMetrics()
   if primary:
     writer = run.metrics(resume_step=start_step, tensorboard=tc.tensorboard,
-                         drop_reports=start_step >= int(tc.num_steps) or early["stopped"])
+                         drop_reports=start_step >= int(tc.num_steps) or early["stopped"] or start.eval_owed)
 
   def evaluate(step, with_bleu, stop=lambda: False):
     """The dev metrics, written; None where stop() (a signal) cut them short: nothing is written."""
@@ -408,6 +411,18 @@ def _train(config, run: RunDir) -> Outcome:
       writer.write(step, result)
     return result
 
+  def dev_eval(step):
+    """Step's periodic dev evaluation and early stopping -> (its metrics, None where a signal cut it short;
+    whether its dev loss is the best so far)."""
+    with_bleu = tasks.translates(config.data) and bool(every(tc.bleu_every, step)) and step != num_steps
+    result = evaluate(step, with_bleu=with_bleu, stop=lambda: vote.vote(signals.received is not None))
+    if result is None or not int(tc.get("early_stop_evals", 0)):
+      return result, False
+    new_best = _early_stop(early, result["eval/loss"], int(tc.early_stop_evals), step)
+    if new_best:   # saved and kept: the run's model unless a later eval beats it
+      keep_best.steps = {step}
+    return result, new_best
+
   # The loop. Metrics stay on device until a log step; the host never waits on a step otherwise. Its
   # wall-clock, and the end's, split into step, input, eval, checkpoint and compile (train/goodput.py).
   clock = goodput.Goodput()
@@ -424,6 +439,14 @@ def _train(config, run: RunDir) -> Outcome:
   vote = multihost.StopVote(mesh)  # all processes stop after the same step, whichever got the signal
   stop = False
   try:
+    if start.eval_owed:
+      # A signal cut this step's evaluation short (the step was saved, then the run stopped): it is done
+      # now, from the same parameters, and the checkpoint's meta records it done with its early stopping,
+      # so that metrics.jsonl, early stopping and the best checkpoint are an uninterrupted run's.
+      eval_result, _ = dev_eval(step)
+      stop = eval_result is None
+      if not stop and primary:
+        ckpt.update_meta(workdir, step, {"early_stop": dict(early), "eval_owed": False})
     while step < num_steps and not stop and not early["stopped"]:
       profiler.before(step)
       with clock.part("input"):
@@ -448,16 +471,13 @@ def _train(config, run: RunDir) -> Outcome:
         bar.set_postfix(**_postfix(line))
         pending, last_log_step = [], step
 
+      eval_owed = False
       if every(tc.eval_every, step) or step == num_steps:
-        with_bleu = tasks.translates(config.data) and bool(every(tc.bleu_every, step)) and step != num_steps
-        # A signal during the evaluation cuts it short: this step is saved below, the run stops, and the
-        # resumed run goes on from it (without this step's evaluation).
-        result = evaluate(step, with_bleu=with_bleu, stop=lambda: vote.vote(signals.received is not None))
-        stop, eval_result = stop or result is None, result or eval_result
-        if int(tc.get("early_stop_evals", 0)) and result is not None:
-          new_best = _early_stop(early, eval_result["eval/loss"], int(tc.early_stop_evals), step)
-          if new_best:   # saved below and kept: the run's model unless a later eval beats it
-            keep_best.steps = {step}
+        # A signal during the evaluation cuts it short: this step is saved below, owing the evaluation,
+        # and the run stops; the resumed run does the evaluation first (above).
+        result, new_best = dev_eval(step)
+        eval_owed = result is None
+        stop, eval_result = stop or eval_owed, result or eval_result
 
       if to_average is not None and (num_steps - step) % to_average.every == 0:
         check_finite(step)
@@ -466,7 +486,7 @@ def _train(config, run: RunDir) -> Outcome:
       minutes = (time.time() - last_save_time) / 60
       if (every(tc.checkpoint_every_steps, step) or step == num_steps or stop or early["stopped"] or new_best
           or (tc.checkpoint_every_minutes and minutes >= tc.checkpoint_every_minutes)):
-        save(step)
+        save(step, eval_owed)
         last_save_time = time.time()
   finally:
     signals.restore()
