@@ -172,9 +172,9 @@ def start_local(command, trial_dir, log):
   running = sweep_trial.holder(trial_dir)
   if running is not None:
     return _RunningElsewhere(running, pathlib.Path(trial_dir), log)
-  return subprocess.Popen([sys.executable, "-m", "jobs.sweep_trial", str(trial_dir), "--", *command],
-                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                          preexec_fn=sweep_trial.start_blocked)
+  with sweep_trial.stopping_blocked():
+    return subprocess.Popen([sys.executable, "-m", "jobs.sweep_trial", str(trial_dir), "--", *command],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_sweep(config_spec: str, workdir, *, parallel: int = 1, shared=(), only=None,

@@ -17,6 +17,7 @@ trainer, which saves a checkpoint and exits.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -158,10 +159,16 @@ def holder(trial_dir) -> int | None:
 STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 
-def start_blocked() -> None:
-  """In the sweep's child before it becomes `python -m jobs.sweep_trial`: SIGTERM and SIGINT wait (blocked)
-  until main has its handlers."""
-  signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+@contextlib.contextmanager
+def stopping_blocked():
+  """SIGTERM and SIGINT blocked in this thread while it starts a `python -m jobs.sweep_trial`: the child
+  inherits the block, so that a signal sent while it still imports waits until main can pass it on to
+  the trainer (main lifts the block). A signal to this thread meanwhile comes when the block ends."""
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def trainer_env() -> dict:
@@ -187,8 +194,8 @@ def main(argv=None) -> int:
   lock.truncate()
   lock.write(f"{os.getpid()}\n")
   lock.flush()
-  # The sweep starts this process with SIGTERM and SIGINT blocked (start_blocked), so that one sent while
-  # it was still importing waits until it can be passed on to the trainer.
+  # The sweep starts this process with SIGTERM and SIGINT blocked (stopping_blocked), so that one sent
+  # while it was still importing waits until it can be passed on to the trainer.
   start, received, children = time.time(), [], []
 
   def forward(signum, frame):

@@ -207,6 +207,7 @@ def test_table3_smoke_sweep_interrupted_then_finished(tmp_path):
   assert float(rows["base"]["paper_ppl"]) == 4.92
   assert json.loads((out / "C_N2" / "config.json").read_text())["train"]["bleu_every"] == 0
   assert "| C_N2 | done |" in (out / "results.md").read_text()
+  assert "train: 100%" in (out / "C_N2" / sweep.LOG).read_text()   # the trainer's progress lines, in its log
   assert (out / "results.png").stat().st_size > 10_000
 
 
