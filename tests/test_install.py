@@ -172,12 +172,21 @@ from jax.interpreters import mlir
                                    "orbax.checkpoint._src.path"]
 
 
+# The private uses a test may make, each with its reason; the code itself has none.
+ALLOWED_PRIVATE = {
+    # jax's cuDNN check asks the CUDA plugin for its version, the one step of lowering cuDNN's attention
+    # for cuda that needs a GPU host; the test tells it a version so that the lowering can be read here.
+    "tests/test_fast_paths.py": ["jax._src.cudnn.fused_attention_stablehlo"],
+}
+
+
 def test_no_private_jax_flax_optax_or_orbax_api_in_the_code():
   found = {}
   for path in sorted(ROOT.rglob("*.py")):
     if any(part.startswith(".") or part in ("build", "runs") for part in path.relative_to(ROOT).parts):
       continue
-    uses = private_uses(path.read_text())
+    uses = [use for use in private_uses(path.read_text())
+            if use not in ALLOWED_PRIVATE.get(str(path.relative_to(ROOT)), [])]
     if uses:
       found[str(path.relative_to(ROOT))] = uses
   assert not found, f"private APIs (use the public ones: jax.*, jax.extend, flax.linen, ...): {found}"
