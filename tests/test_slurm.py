@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -229,10 +230,11 @@ FLAKY_WATCHER = WATCHER.replace("from jobs import slurm, sweep\n", textwrap.dede
               "start=slurm.trial_starter(options, on_success=sweep.TrialResult, poller=slurm.Poller(every=0.5))")
 
 
-def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_trial_once(tmp_path):
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGHUP"])
+def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_trial_once(tmp_path, end):
   """squeue and sacct fail or hang on a fifth of their calls while a 3-trial sweep runs; its watcher is
-  SIGKILLed once trial 'first' finished, and the command rerun: every trial is submitted exactly once
-  (sbatch's log), none is marked failed, all end done."""
+  SIGKILLed (or its terminal's process group gets SIGHUP) once trial 'first' finished, and the command
+  rerun: every trial is submitted exactly once (sbatch's log), none is marked failed, all end done."""
   flaky = tmp_path / "bin"
   flaky.mkdir()
   for name, body in (("squeue", FLAKY), ("sacct", FLAKY), ("sbatch", SBATCH_LOG)):
@@ -245,13 +247,14 @@ def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_tr
   command = [sys.executable, "-c", FLAKY_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
                                                         workdir=str(out), trainer=str(tmp_path / "train.py"))]
   trials = {name: out / name for name in ("first", "held", "lost")}
-  with open(tmp_path / "watcher1.log", "w") as log:
-    watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  with open(tmp_path / "watcher1.log", "w") as log:   # a session of its own: the terminal it was typed in
+    watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
   until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
   (out / "release-first").touch()
   until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
-  watcher.kill()
-  watcher.wait()
+  os.killpg(watcher.pid, getattr(signal, end))
+  assert watcher.wait() == -getattr(signal, end)
 
   with open(tmp_path / "watcher2.log", "w") as log:
     rerun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
