@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import kernels
+
 SOURCE = pathlib.Path(__file__).with_name("cpu_decoding.cc")
 TARGETS = {"aiayn_slot_attention": "AiaynSlotAttention", "aiayn_masked_attention": "AiaynMaskedAttention",
            "aiayn_beam_extensions": "AiaynBeamExtensions", "aiayn_panel_matmul": "AiaynPanelMatmul"}
@@ -130,9 +132,11 @@ def _call(target, out, **attributes):
 
 def on_cpu(kernel, elsewhere, *arrays, **static):
   """kernel(*arrays, **static) where the program is lowered for a CPU, elsewhere(*arrays, **static) (the
-  XLA ops computing the same) on every other platform. Both are traced; lowering keeps one, so the
-  custom call never reaches a GPU or TPU program and the CPU program is the kernel alone."""
-  return jax.lax.platform_dependent(*arrays, cpu=functools.partial(kernel, **static),
+  XLA ops computing the same) on every other platform, chosen by kernels.platform_dependent: a plain jit
+  traces its own platform's one; a program exported for several platforms traces both and lowering keeps
+  each platform's, so the custom call never reaches a GPU or TPU program and the CPU program is the
+  kernel alone."""
+  return kernels.platform_dependent(*arrays, cpu=functools.partial(kernel, **static),
                                     default=functools.partial(elsewhere, **static))
 
 

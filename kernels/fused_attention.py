@@ -7,8 +7,9 @@ model/attention.py by model/ops.py:
   splash  Pallas TPU splash attention with segment ids, for packed batches (TPUs; on a CPU the same
           kernel runs in Pallas interpret mode, slowly, which is how tests check it)
   auto    cudnn on a GPU, splash on a TPU, xla on a CPU, decided by the platform the program is lowered
-          for (jax.lax.platform_dependent), not by the machine that traces it: a train step exported
-          from a CPU host for ("cuda", "tpu") carries cuDNN's and splash's kernels.
+          for (kernels.platform_dependent), not by the machine that traces it: a plain jit traces its own
+          platform's branch only; a train step exported from a CPU host for ("cuda", "tpu") carries
+          cuDNN's and splash's kernels.
 
 The kernels serve the teacher-forced passes (training, evaluation, the encoder), whose masks come from
 segment ids (PackedMask): they read the segment ids and the causal flag, not the dense mask that
@@ -216,7 +217,7 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
       _say(impl, splash_why, loud=True)
       return reference(*args)
     # The TPU kernel where lowered for a TPU; elsewhere the same kernel in interpret mode (tests, CPU).
-    return jax.lax.platform_dependent(
+    return kernels.platform_dependent(
         *args, tpu=on_tpu, default=lambda *args: on_tpu(*args, interpret=True))
   # auto: each platform's kernel, where its declaration takes the model (model/ops.py said which does
   # not) and it can take this attention.
@@ -240,4 +241,4 @@ def attention(impl: str, q, k, v, mask, bias, dropout: bool, reference: Callable
     branches["tpu"] = on_tpu
   if not branches:
     return reference(*args)
-  return jax.lax.platform_dependent(*args, default=reference, **branches)
+  return kernels.platform_dependent(*args, default=reference, **branches)

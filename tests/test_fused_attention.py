@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kernels
 from kernels import fused_attention
 from model import Transformer, TransformerConfig
 from model.attention import dot_product_attention, packed_mask
@@ -111,7 +112,8 @@ def test_a_setting_a_kernel_cannot_take_falls_back_visibly_once(impl, changes, w
 
 def test_a_splash_kernel_this_jax_refuses_when_traced_falls_back_saying_why(monkeypatch, caplog):
   """Older jax versions' splash kernels refuse some shapes while tracing (head dimensions that are not
-  multiples of 128): the TPU branch, traced in a jitted CPU program too, then takes the plain attention."""
+  multiples of 128): the TPU branch, traced where a program is lowered for a TPU (kernels.lowering_for;
+  a plain jit on this CPU traces the CPU's branch only), then takes the plain attention."""
   def refuses(*args, **kwargs):
     raise NotImplementedError("head_dim_v=16 should be a multiple of 128")
   monkeypatch.setattr(fused_attention, "splash", refuses)
@@ -121,7 +123,7 @@ def test_a_splash_kernel_this_jax_refuses_when_traced_falls_back_saying_why(monk
   segments = _segments(rng, 2, 128)
   mask = packed_mask(segments, segments, causal=True)
   plain = lambda q, k, v, mask, bias: dot_product_attention(q, k, v, mask.dense)
-  with caplog.at_level(logging.INFO, logger=fused_attention.__name__):
+  with caplog.at_level(logging.INFO, logger=fused_attention.__name__), kernels.lowering_for(("tpu",)):
     got = jax.jit(lambda q, k, v, mask: fused_attention.attention("auto", q, k, v, mask, None, False, plain))(
         q, k, v, mask)
   assert [r for r in caplog.records if "splash attention cannot be traced here (head_dim_v=16" in r.getMessage()]

@@ -99,6 +99,11 @@ def main(argv=None) -> None:
   log_to_console()
   if jax.config.jax_compilation_cache_dir is None:   # a JAX_COMPILATION_CACHE_DIR the user set wins
     jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "aiayn_jax"))
+  # Every program is cached, not only those over JAX's default 1 s of compiling: the eval step's length
+  # buckets and the beam searches compile in well under that, and reading them back is faster than
+  # compiling them again at every start. A JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS the user set wins.
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   try:
     multihost.initialize(args.distributed, args.coordinator_address, args.num_processes, args.process_id)
   except ValueError as error:
