@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 
 from run.user_errors import UserError
 from run.workdir import DAMAGED, read_file, run_file, write_atomically
@@ -24,6 +25,22 @@ def _jsonable(value):
   return value
 
 
+def _summary_writer():
+  """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch whenever it is
+  installed (the interop extra), only to accept torch tensors, which we never log; that import was 1.6 s
+  of every trainer's start (tests/TIMES.md). torch stays importable afterwards, and a process that has
+  already imported it keeps it."""
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None   # `import torch` raises ImportError, which tensorboardX handles
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if hide:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsWriter:
   """Appends metric dicts to metrics.jsonl and TensorBoard (scalars only)."""
 
@@ -35,10 +52,9 @@ class MetricsWriter:
     self._file = open(self.path, "a")
     self._tb = None
     if tensorboard:
-      from tensorboardX import SummaryWriter
       # purge_step drops events of an interrupted run past the step we resume from.
-      self._tb = SummaryWriter(str(pathlib.Path(workdir) / TB),
-                               purge_step=resume_step if resume_step > 0 else None)
+      self._tb = _summary_writer()(str(pathlib.Path(workdir) / TB),
+                                   purge_step=resume_step if resume_step > 0 else None)
 
   def write(self, step: int, metrics: dict) -> None:
     line = {"step": int(step)}
