@@ -174,7 +174,11 @@ def test_bf16_matmul_steps_track_float32_and_agree_across_devices():
   config.compute.matmul_dtype = "bfloat16"
   state1, hist1 = run(config, devices=jax.devices()[:1])
   state8, hist8 = run(config)
-  np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=1e-4)
+  # The first step's loss is computed from the same parameters on both; the later ones from parameters
+  # that a bfloat16 rounding (below) moved apart: within a quarter of bfloat16's unit roundoff (2^-8).
+  # Measured: 1.2e-4 at the third step on an Intel Xeon with AVX512-BF16, where XLA rounds in hardware.
+  np.testing.assert_allclose(hist1[0]["loss"], hist8[0]["loss"], rtol=1e-6)
+  np.testing.assert_allclose([h["loss"] for h in hist1], [h["loss"] for h in hist8], rtol=2 ** -10)
   # A float32 sum that differs in its last bit (another reduction order) can round to a different
   # bfloat16: a rare element differs by up to 2^-8 relative after a step, and Adam's normalised update
   # carries that into the next steps (measured: 32 of 22,656 weights beyond 1e-3, the largest 4.7e-3).
