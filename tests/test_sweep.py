@@ -20,8 +20,8 @@ from files_config import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# A stand-in for `python -m train`: writes config.json and metrics.jsonl like the trainer, in ~0.5 s.
-# model.num_heads=3 fails (exit 1); every run appends its start/end times to workdir/runs.json.
+# A stand-in for `python -m train`: writes config.json and metrics.jsonl like the trainer once a second trial
+# has started. model.num_heads=3 fails (exit 1); every run appends its start/end times to workdir/runs.json.
 FAKE_TRAINER = textwrap.dedent(f"""
     import json, pathlib, sys, time
     sys.path.insert(0, {str(ROOT)!r})
@@ -38,7 +38,12 @@ FAKE_TRAINER = textwrap.dedent(f"""
       print("fake trainer: three heads do not divide d_model", file=sys.stderr)
       sys.exit(1)
     config_io.save_config(config, workdir)
-    time.sleep(0.5)
+    # Wait (up to 30 s) until another trial has started too: with --parallel 2 the first two overlap however
+    # slowly each one starts, and a runner that ran them one at a time would show here as no overlap.
+    (workdir.parent / ("started-" + workdir.name)).touch()
+    deadline = time.time() + 30
+    while len(list(workdir.parent.glob("started-*"))) < 2 and time.time() < deadline:
+      time.sleep(0.05)
     h, n = config.model.num_heads, config.train.num_steps
     with open(workdir / "metrics.jsonl", "w") as f:
       f.write(json.dumps({{"step": n, "train/loss": 3.0 / h}}) + "\\n")
