@@ -1,8 +1,9 @@
 """Runs and sweeps through a real SLURM (scripts/slurm_local.sh starts a one-node cluster; CI runs it).
 
 - a 2-trial smoke sweep with --launcher slurm: each trial a job, results table as with the local runner;
-- a sweep whose watcher is SIGKILLed after its first trial finished: the rerun submits only the trials
-  that did not finish (each trial's own job writes its DONE marker);
+- a sweep, with squeue and sacct failing on a fifth of their calls, whose watcher is SIGKILLed after its
+  first trial finished: the rerun submits only the trials that did not finish (each trial's own job
+  writes its DONE marker), and after that rerun's SIGHUP a third run submits nothing;
 - a 2-task job (2 processes x 2 CPU devices) that is "preempted" with SIGUSR2 after its checkpoint at
   step 4 (what SLURM sends before a time limit): it saves, submitit requeues it, it resumes, and ends
   bitwise equal to the same training run by jobs.launch on this machine;
@@ -165,48 +166,6 @@ def _jobs(trial_dir) -> list[str]:
   return path.read_text().split() if path.exists() else []
 
 
-def test_a_killed_sweep_watcher_rerun_submits_only_the_unfinished_trials(tmp_path):
-  """Trial 'first' finishes (its own job writes its DONE), then the watcher is SIGKILLed; trial 'held'
-  is still running and 'lost''s job is cancelled. The same command again: skips 'first', watches 'held''s
-  job again, resubmits 'lost' alone, and ends with all three done."""
-  (tmp_path / "train.py").write_text(HELD_TRAINER)
-  (tmp_path / "exp.py").write_text(THREE_TRIALS)
-  out = tmp_path / "sweep"
-  script = WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"), workdir=str(out),
-                          trainer=str(tmp_path / "train.py"))
-  command = [sys.executable, "-c", script]
-  with open(tmp_path / "watcher1.log", "w") as log:
-    watcher = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-  trials = {name: out / name for name in ("first", "held", "lost")}
-  until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
-  jobs = {name: _jobs(d)[0] for name, d in trials.items()}
-  (out / "release-first").touch()
-  until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
-  watcher.kill()
-  watcher.wait()
-  status = json.loads((trials["first"] / "sweep_status.json").read_text())
-  assert status["status"] == "done" and status["finished_by"] == f"SLURM job {jobs['first']}", status
-  subprocess.run(["scancel", jobs["lost"]], check=True)
-  assert slurm.wait(jobs["lost"], poll_seconds=0.5, timeout=120) != "COMPLETED"
-  assert slurm.alive(jobs["held"]) and not (trials["held"] / "DONE").exists()
-
-  with open(tmp_path / "watcher2.log", "w") as log:
-    rerun = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-  until(lambda: len(_jobs(trials["lost"])) == 2 or rerun.poll() is not None, "lost's resubmission")
-  (out / "release-held").touch()
-  (out / "release-lost").touch()
-  assert rerun.wait(timeout=300) == 0, (tmp_path / "watcher2.log").read_text()
-  text = (tmp_path / "watcher2.log").read_text()
-  assert "skip first (done)" in text, text
-  # Submitted over both commands: one job for each finished or running trial, and one more for 'lost'.
-  assert {name: _jobs(d) for name, d in trials.items()} == \
-      {"first": [jobs["first"]], "held": [jobs["held"]], "lost": [jobs["lost"], _jobs(trials["lost"])[1]]}
-  assert f"watching SLURM job {jobs['held']} again" in (trials["held"] / "sweep.log").read_text()
-  assert slurm.job_state(_jobs(trials["lost"])[1]) == "COMPLETED"
-  rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
-  assert rows == {"first": "done", "held": "done", "lost": "done"}, text
-
-
 # squeue and sacct that fail on a fifth of their calls (every 10th exits 1 as a busy controller does,
 # every 10th + 5 hangs past the watcher's timeout), and an sbatch that logs each submission.
 FLAKY = textwrap.dedent("""\
@@ -230,11 +189,13 @@ FLAKY_WATCHER = WATCHER.replace("from jobs import slurm, sweep\n", textwrap.dede
               "start=slurm.trial_starter(options, on_success=sweep.TrialResult, poller=slurm.Poller(every=0.5))")
 
 
-@pytest.mark.parametrize("end", ["SIGKILL", "SIGHUP"])
-def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_trial_once(tmp_path, end):
-  """squeue and sacct fail or hang on a fifth of their calls while a 3-trial sweep runs; its watcher is
-  SIGKILLed (or its terminal's process group gets SIGHUP) once trial 'first' finished, and the command
-  rerun: every trial is submitted exactly once (sbatch's log), none is marked failed, all end done."""
+def test_a_sweep_killed_then_hung_up_while_squeue_and_sacct_fail_submits_only_the_unfinished_trials(tmp_path):
+  """squeue and sacct fail or hang on a fifth of their calls while a 3-trial sweep runs. Trial 'first'
+  finishes (its own job writes its DONE), then the watcher is SIGKILLed; trial 'held' is still running and
+  'lost''s job is cancelled. The command rerun skips 'first', watches 'held''s job again and resubmits
+  'lost' alone; then its terminal's process group gets SIGHUP, and the command run a third time submits
+  nothing: sbatch's log holds one job for each trial and one more for 'lost', none is marked failed, all
+  end done. (One sweep for both ends of a watcher, SIGKILL and SIGHUP, and the killed watcher's rerun.)"""
   flaky = tmp_path / "bin"
   flaky.mkdir()
   for name, body in (("squeue", FLAKY), ("sacct", FLAKY), ("sbatch", SBATCH_LOG)):
@@ -247,29 +208,54 @@ def test_a_sweep_whose_squeue_and_sacct_fail_a_fifth_of_the_time_submits_each_tr
   command = [sys.executable, "-c", FLAKY_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
                                                         workdir=str(out), trainer=str(tmp_path / "train.py"))]
   trials = {name: out / name for name in ("first", "held", "lost")}
-  with open(tmp_path / "watcher1.log", "w") as log:   # a session of its own: the terminal it was typed in
-    watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+  log_text = lambda name: (trials[name] / "sweep.log").read_text()
+
+  def watcher(n: int) -> subprocess.Popen:
+    with open(tmp_path / f"watcher{n}.log", "w") as log:   # a session of its own: the terminal it was typed in
+      return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+
+  first_watcher = watcher(1)
   until(lambda: all(_jobs(d) for d in trials.values()), "the three jobs' submission")
+  jobs = {name: _jobs(d)[0] for name, d in trials.items()}
   (out / "release-first").touch()
   until(lambda: (trials["first"] / "DONE").exists(), "trial first's DONE")
-  os.killpg(watcher.pid, getattr(signal, end))
-  assert watcher.wait() == -getattr(signal, end)
+  os.killpg(first_watcher.pid, signal.SIGKILL)
+  assert first_watcher.wait() == -signal.SIGKILL
+  status = json.loads((trials["first"] / "sweep_status.json").read_text())
+  assert status["status"] == "done" and status["finished_by"] == f"SLURM job {jobs['first']}", status
+  subprocess.run(["scancel", jobs["lost"]], check=True)
+  assert slurm.wait(jobs["lost"], poll_seconds=0.5, timeout=120) != "COMPLETED"
+  assert slurm.alive(jobs["held"]) and not (trials["held"] / "DONE").exists()
 
-  with open(tmp_path / "watcher2.log", "w") as log:
-    rerun = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-  until(lambda: all("watching SLURM job" in (trials[n] / "sweep.log").read_text() for n in ("held", "lost"))
-        or rerun.poll() is not None, "the rerun to watch the two jobs still running")
+  second_watcher = watcher(2)
+  resubmitted = lambda: len(_jobs(trials["lost"])) == 2 and \
+      f"submitted SLURM job {_jobs(trials['lost'])[1]}" in log_text("lost")
+  until(lambda: resubmitted() or second_watcher.poll() is not None, "lost's resubmission")
+  os.killpg(second_watcher.pid, signal.SIGHUP)
+  assert second_watcher.wait() == -signal.SIGHUP, (tmp_path / "watcher2.log").read_text()
+  assert "skip first (done)" in (tmp_path / "watcher2.log").read_text()
+  assert f"watching SLURM job {jobs['held']} again" in log_text("held")
+  lost_again = _jobs(trials["lost"])[1]
+
+  third_watcher = watcher(3)
+  until(lambda: (log_text("held").count(f"watching SLURM job {jobs['held']} again") == 2
+                 and f"watching SLURM job {lost_again} again" in log_text("lost"))
+        or third_watcher.poll() is not None, "the third run to watch the two jobs still running")
   (out / "release-held").touch()
   (out / "release-lost").touch()
-  assert rerun.wait(timeout=300) == 0, (tmp_path / "watcher2.log").read_text()
+  assert third_watcher.wait(timeout=300) == 0, (tmp_path / "watcher3.log").read_text()
+  assert "skip first (done)" in (tmp_path / "watcher3.log").read_text()
   calls = {name: int((flaky / f"{name}.count").read_text()) for name in ("squeue", "sacct")
            if (flaky / f"{name}.count").exists()}
   assert calls.get("squeue", 0) >= 10, calls   # the failures did happen
-  assert len((flaky / "sbatch.log").read_text().splitlines()) == 3
-  assert {name: len(_jobs(d)) for name, d in trials.items()} == {"first": 1, "held": 1, "lost": 1}
+  # Submitted over the three commands: one job for each finished or running trial, and one more for 'lost'.
+  assert len((flaky / "sbatch.log").read_text().splitlines()) == 4
+  assert {name: _jobs(d) for name, d in trials.items()} == \
+      {"first": [jobs["first"]], "held": [jobs["held"]], "lost": [jobs["lost"], lost_again]}
+  assert slurm.job_state(lost_again) == "COMPLETED"
   for name, d in trials.items():
     assert json.loads((d / "sweep_status.json").read_text())["status"] == "done", name
-    assert "FAILED" not in (d / "sweep.log").read_text(), name
+    assert "FAILED" not in log_text(name), name
   rows = {r["trial"]: r["status"] for r in csv.DictReader(open(out / "results.csv"))}
   assert rows == {"first": "done", "held": "done", "lost": "done"}
