@@ -16,6 +16,8 @@ import json
 import pathlib
 import re
 
+from benchmarks import startup
+
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CHANGES = HERE / "changes.md"
@@ -156,6 +158,11 @@ def render_run(r: dict) -> str:
   return "\n".join(out + (["Not run: " + "; ".join(not_run) + ".", ""] if not_run else []))
 
 
+def render_startup(r: dict) -> str:
+  """Markdown for one benchmarks/results/startup*.json (benchmarks/startup.py)."""
+  return f"## Start-up: a smoke run, checkout against checkout ({r['date'][:10]})\n\n{startup.render(r)}\n"
+
+
 def render_input_pipeline(r: dict) -> str:
   body = [[s["stage"], f"{s['seconds']:.2f}", f"{s['items']:,}",
            "" if s["target_tokens_per_s"] is None else _num(s["target_tokens_per_s"])] for s in r["stages"]]
@@ -236,6 +243,8 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
       render = render_kv_cache
     elif "stages" in result:
       render = render_input_pipeline
+    elif result.get("benchmark") == "startup":
+      render = render_startup
     else:   # rendered elsewhere (e.g. docs/data.md): linked here
       others.append(f"- [`benchmarks/results/{path.name}`](../benchmarks/results/{path.name}): "
                     f"{result.get('date', 'undated')}")

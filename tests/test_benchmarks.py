@@ -352,3 +352,21 @@ def test_anatomy_output_ablation_takes_an_eighth_of_the_table_the_model_reads(mo
   assert cut.shape == (3, 1000)
   np.testing.assert_allclose(cut[:, :width], np.asarray(whole)[:, :width], rtol=1e-6)
   np.testing.assert_array_equal(cut[:, width:2 * width], cut[:, :width])    # repeated, not computed
+
+
+def test_startup_reads_the_time_line_the_trainer_prints():
+  """benchmarks/startup.py's parse of `[train] time:` follows train/goodput.py's format (the run's total,
+  compile's share, and compile's split), and its table and ratio come from the runs' medians."""
+  from benchmarks import startup
+  from train import goodput
+  timing = goodput.Goodput()
+  timing.total.update(step=1.5, input=0.25, eval=0.5, checkpoint=0.25, compile=4.0)
+  line = timing.summary()
+  parsed = startup.TIME_LINE.search(line)
+  assert (float(parsed[1]), float(parsed[2])) == (6.5, 4.0), line
+  assert startup.SPLIT.search(line), line
+  result = {"command": "python -m train", "runs": 1, "beside": 2, "load_average": {"start": 4.0, "end": 5.0},
+            "trees": [{"commit": "old", "medians": {"wall_s": 30.0, "cpu_s": 16.0}},
+                      {"commit": "new", "medians": {"wall_s": 10.0, "cpu_s": 4.0, "tracing_s": 2.0}}]}
+  table = startup.render(result)
+  assert "| new | 10.0 | 4.0 |" in table and "last / first: wall 0.33, CPU 0.25" in table
