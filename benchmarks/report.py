@@ -160,7 +160,7 @@ def render_run(r: dict) -> str:
 
 def render_startup(r: dict) -> str:
   """Markdown for one benchmarks/results/startup*.json (benchmarks/startup.py)."""
-  return f"## Start-up: a smoke run, checkout against checkout ({r['date'][:10]})\n\n{startup.render(r)}\n"
+  return f"## Start-up: a smoke run, checkout against checkout ({r['date']})\n\n{startup.render(r)}\n"
 
 
 def render_input_pipeline(r: dict) -> str:
