@@ -484,31 +484,36 @@ def test_the_log_states_the_part_size_and_idle_workers():
 
 
 @pytest.fixture(scope="module")
-def ten_thousand(tmp_path_factory, corpus):  # noqa: F811
+def two_thousand(tmp_path_factory, corpus):  # noqa: F811
+  """2,000 short lines: under the CPU's default part (bulk.MIN_SHARD_LINES, 10,000 lines), which would
+  make one part and leave three of four workers idle. (10,000 lines decoded five times as many for the
+  same assertions.)"""
   short = [s for s, _ in corpus["test"] + corpus["dev"] if len(s.split()) <= 6]
-  path = tmp_path_factory.mktemp("tenk") / "src.txt"
-  path.write_text("".join(short[i % len(short)] + "\n" for i in range(10_000)))
+  path = tmp_path_factory.mktemp("twok") / "src.txt"
+  path.write_text("".join(short[i % len(short)] + "\n" for i in range(2_000)))
   return path
 
 
 @pytest.mark.slow
-def test_four_workers_on_ten_thousand_lines_each_decode_parts_and_write_one_workers_output(
-    run, ten_thousand, tmp_path):  # noqa: F811
+def test_four_workers_on_two_thousand_lines_each_decode_parts_and_write_one_workers_output(
+    run, two_thousand, tmp_path):  # noqa: F811
+  from decode import bulk
+  assert bulk.MIN_SHARD_LINES > 2_000
   one, four = tmp_path / "one.txt", tmp_path / "four.txt"
-  single = subprocess.run(_command(run, ten_thousand, one), env=_env(), cwd=ROOT, capture_output=True,
+  single = subprocess.run(_command(run, two_thousand, one), env=_env(), cwd=ROOT, capture_output=True,
                           text=True, check=True)
-  assert "10000 lines in 1 part of 10000 lines (sized for the input and the workers) for 1 worker" in \
+  assert "2000 lines in 1 part of 2000 lines (sized for the input and the workers) for 1 worker" in \
       single.stderr, single.stderr
-  done = subprocess.run(_command(run, ten_thousand, four, "--processes", "4", "--cpu_devices", "4"),
+  done = subprocess.run(_command(run, two_thousand, four, "--processes", "4", "--cpu_devices", "4"),
                         env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr
-  assert "10000 lines in 4 parts of 2500 lines (sized for the input and the workers) for 4 workers" in \
+  assert "2000 lines in 4 parts of 500 lines (sized for the input and the workers) for 4 workers" in \
       done.stderr, done.stderr
   decoded = re.findall(r"\[decode\] worker pid (\d+) decoded (\d+) parts? \[([\d, ]*)\]", done.stderr)
   assert len(decoded) == 4 and all(int(count) >= 1 for _, count, _ in decoded), done.stderr
   assert sorted(int(p) for *_, parts in decoded for p in parts.split(",")) == [0, 1, 2, 3]
   assert four.read_bytes() == one.read_bytes()
-  assert len(one.read_text().splitlines()) == 10_000
+  assert len(one.read_text().splitlines()) == 2_000
 
 
 def _fake_slurm(tmp_path, monkeypatch, listed: bool) -> pathlib.Path:
