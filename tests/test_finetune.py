@@ -102,15 +102,15 @@ def test_batch_and_dtype_follow_the_platform(pretrained_dirs):
 
 def _scripted_dev_losses(monkeypatch, losses):
   """The trainer's dev loss, eval by eval, from `losses` (the rest of each eval is real)."""
-  from train import train as train_lib
-  real, calls = train_lib._evaluate, []
+  from train import evaluation
+  real, calls = evaluation.dev_losses, []
 
   def scripted(*args):
     result = real(*args)
     result["loss"] = losses[min(len(calls), len(losses) - 1)]
     calls.append(result["loss"])
     return result
-  monkeypatch.setattr(train_lib, "_evaluate", scripted)
+  monkeypatch.setattr(evaluation, "dev_losses", scripted)
   return calls
 
 

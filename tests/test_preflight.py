@@ -1,6 +1,6 @@
 """Mistakes caught before the queue (jobs/preflight.py), the CPUs and the save window the sbatch script asks
 for (jobs/slurm.py), the same mistakes caught again on the node (run/devices.py), and a time limit's
-signal that arrives during a dev evaluation (train/train.py).
+signal that arrives during a dev evaluation (train/train.py, train/evaluation.py).
 
 A fake `sbatch` first on PATH records every call and answers as SLURM does, so a refusal is seen to
 submit nothing, and an accepted submission leaves the script submitit wrote for sbatch to read.
@@ -19,8 +19,8 @@ from run import checkpoint as ckpt
 from run import config as config_io
 from run import devices
 from run import metrics as metrics_io
+from train import evaluation
 from train import step as step_lib
-from train import train as train_lib
 from train.train import TIMING_KEYS, train_and_evaluate
 import experiments
 
@@ -180,14 +180,14 @@ def test_cpus_other_than_the_job_asked_for_are_named_in_one_line(monkeypatch):
   assert "may use 1 CPU" in warning and "SLURM_CPUS_PER_TASK=4" in warning
 
 
-# --- time limits: a signal during a dev evaluation (train/train.py) -----------------------------------------
+# --- time limits: a signal during a dev evaluation (train/evaluation.py) ------------------------------------
 
 @pytest.mark.slow   # four short smoke runs: ~20 s
 def test_a_signal_during_a_dev_evaluation_cuts_it_short_and_the_resumed_run_does_it(tmp_path, monkeypatch):
   """SIGTERM (SLURM's time limit, passed on by task 0) during the dev loss, then during the dev BLEU: each
   cuts its evaluation short, the step is saved owing it, and the rerun (what the requeued job runs) does
   that evaluation first; the dev metrics and early stopping then equal an uninterrupted run's."""
-  real_eval, real_translate, calls, translated, signal_at = step_lib.jit_eval_step, train_lib.translate, [], [], []
+  real_eval, real_translate, calls, translated, signal_at = step_lib.jit_eval_step, evaluation.translate, [], [], []
 
   def signalling_eval_step(*args, **kwargs):
     compiled = real_eval(*args, **kwargs)
@@ -206,8 +206,8 @@ def test_a_signal_during_a_dev_evaluation_cuts_it_short_and_the_resumed_run_does
     return real_translate(*args, **kwargs)
 
   monkeypatch.setattr(step_lib, "jit_eval_step", signalling_eval_step)
-  monkeypatch.setattr(train_lib, "translate", signalling_translate)
-  monkeypatch.setattr(train_lib, "BLEU_CHUNK", 16)   # the 64 dev sentences in 4 chunks
+  monkeypatch.setattr(evaluation, "translate", signalling_translate)
+  monkeypatch.setattr(evaluation, "BLEU_CHUNK", 16)   # the 64 dev sentences in 4 chunks
   config = experiments.apply_overrides(experiments.load_experiment(SMOKE), {
       "train.num_steps": 6, "train.eval_every": 2, "train.bleu_every": 4, "train.log_every": 1,
       "train.early_stop_evals": 3, "train.checkpoint_every_steps": 0, "train.checkpoint_every_minutes": 0.0,

@@ -149,12 +149,13 @@ def test_early_stopping_stops_when_dev_loss_stalls_and_stays_stopped(tmp_path, c
 
 
 def test_a_run_that_trained_all_its_steps_does_not_speak_of_early_stopping():
-  from train.train import Outcome, _best_step_line
+  from train.evaluation import best_step_line
+  from train.train import Outcome
   path = pathlib.Path("RUN/checkpoints/1190")
-  finished = _best_step_line(Outcome("RUN", 1500, best_step=1190), 2.5, path)
+  finished = best_step_line(Outcome("RUN", 1500, best_step=1190), 2.5, path)
   assert "early stopping" not in finished and finished.startswith("[train] trained all 1500 steps")
   assert "step 1190" in finished and str(path) in finished
-  stopped = _best_step_line(Outcome("RUN", 1300, stopped_early=True, best_step=1190), 2.5, path)
+  stopped = best_step_line(Outcome("RUN", 1300, stopped_early=True, best_step=1190), 2.5, path)
   assert stopped.startswith("[train] early stopping: stopped at step 1300") and "step 1190" in stopped
 
 

@@ -118,6 +118,12 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
+def say(message: str) -> None:
+  """Logs `message` at INFO on the console, in process 0 only."""
+  if is_primary():
+    log.info(message)
+
+
 def barrier(name: str) -> None:
   """Waits until every process got here (a no-op for one process)."""
   if jax.process_count() > 1:

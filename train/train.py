@@ -1,8 +1,9 @@
 """The training driver: `train_and_evaluate(config, workdir)`.
 
 Reads top to bottom: run directory, mesh, data, model and optimizer, state (resume), steps, checkpoints,
-evaluation, the loop, and the final test-set BLEU. Initialisation from another run, early stopping, the
-log line and checkpoint averaging (train/average.py) are named helpers beside it.
+evaluation, the loop, and the final test-set BLEU. The dev loss, BLEU, early stopping and the end's test
+report are train/evaluation.py's; initialisation from another run and the log line are named helpers
+beside it, and checkpoint averaging is train/average.py's.
 
 It trains config.data.task (data/tasks.py): translation (the default), decoder-only translation, a
 language model or a masked LM; the tasks differ only in their batches, and the last two have no BLEU.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import pathlib
 import time
 
@@ -35,22 +35,17 @@ import tqdm
 
 from data import (derive_train_max_len, load_pairs, make_eval_batches, make_train_iterator, source_eos, tasks,
                   tokenized)
-from decode.bleu import sacrebleu_score
-from decode.translate import translate
 from model import Transformer
-from run import layout
 from run import checkpoint as ckpt
 from run import Keep, RunDir, checkpoint_arg, model_config
 from run import metrics as metrics_io
 from run.mesh import make_mesh
 from run.user_errors import UserError
-from train import flops as flops_lib, goodput, multihost, schedules
-from train.average import average_and_test
+from train import evaluation, flops as flops_lib, goodput, multihost, schedules
 from train import step as step_lib
+from train.multihost import say
 from train.optimizer import make_optimizer
 from train.signals import SignalFlag
-
-log = logging.getLogger(__name__)
 
 # Keys of metrics.jsonl excluded from "must match on resume": they measure the machine, not the run (the
 # padding shares count the empty rows that round a batch up to a multiple of the devices).
@@ -60,9 +55,6 @@ TIMING_KEYS = ("train/tokens_per_sec", "train/steps_per_sec", "eval/seconds", "e
                *(f"time/{part}_s" for part in (*goodput.PARTS, "wall")))
 # config.train.rng_impl -> jax's PRNG implementation of the dropout key.
 RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
-# A periodic dev BLEU translates this many sentences between looks at the signal flag, so that SIGTERM
-# (SLURM's time limit, jobs.submit --save_window) cuts a long dev evaluation short and the run saves.
-BLEU_CHUNK = 512
 
 
 class NonFiniteError(RuntimeError):
@@ -87,49 +79,6 @@ class Outcome:
   time: dict | None = None             # the run's wall-clock split: train/goodput.py's PARTS, seconds
 
 
-def _say(message: str) -> None:
-  """Logs `message` at INFO, in process 0 only."""
-  if multihost.is_primary():
-    log.info(message)
-
-
-def _evaluate(eval_fn, params, batches, mesh, stop=lambda: False) -> dict | None:
-  """Dev loss/ppl/accuracy over a list of host batches (one device-to-host fetch at the end); None where
-  stop() (asked after each batch: a signal, the same answer in every process) cut it short."""
-  outs = []
-  for batch in batches:
-    outs.append(eval_fn(params, step_lib.place_batch(batch, mesh)))
-    if len(outs) > 1:
-      jax.block_until_ready(outs[-2])   # one batch in flight, so that a signal is seen within a batch
-    if stop():
-      return None
-  outs = jax.device_get(outs)
-  sums = {key: float(np.sum([np.float64(out[key]) for out in outs])) for key in outs[0]}
-  return step_lib.finish_eval(sums)
-
-
-def _bleu(model, params, vocab, pairs, decode_config, source_eos, stop=None):
-  """Beam-search translations of pairs' sources -> (sacreBLEU, signature, hypotheses).
-
-  With several processes each translates its share of the sentences on its own devices, and all get all
-  the hypotheses (the same ones as one process would find). stop: asked before each BLEU_CHUNK sentences
-  (a dev evaluation a signal may cut short: then None); None: all in one go.
-  """
-  model, host_params = layout.unrolled(model, multihost.host_tree(params))   # decoding reads layer by layer
-  sources, hyps = [s for s, _ in pairs], []
-  chunk = BLEU_CHUNK if stop is not None else max(len(sources), 1)
-  for first in range(0, len(sources), chunk):
-    if stop is not None and stop():
-      return None
-    hyps += multihost.map_split(
-        lambda part: translate(model, host_params, vocab, part, beam_size=decode_config.beam_size,
-                               alpha=decode_config.alpha, max_extra_len=decode_config.max_extra_len,
-                               batch_tokens=decode_config.batch_tokens, source_eos=source_eos),
-        sources[first:first + chunk])
-  score, signature = sacrebleu_score(hyps, [t for _, t in pairs])
-  return float(score), signature, hyps
-
-
 def _init_from_checkpoint(spec: str, state, shardings):
   """config.train.init_checkpoint = "RUN[:STEP|:averaged]" -> state with that run's parameters (the step
   and the optimizer state stay fresh); parameters of another architecture or vocabulary: UserError."""
@@ -141,23 +90,8 @@ def _init_from_checkpoint(spec: str, state, shardings):
                                          jax.tree_util.tree_leaves(state.params))):
     raise UserError(f"config.train.init_checkpoint={spec!r}: its parameters do not "
                      f"match config.model (different architecture or vocabulary size)")
-  _say(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
+  say(f"[train] initialised parameters from {run} (step {init_step}); optimizer from scratch")
   return state.replace(params=jax.device_put(init_params, shardings.params))
-
-
-def _early_stop(early: dict, dev_loss: float, patience: int, step: int) -> bool:
-  """config.train.early_stop_evals: updates `early` (the best dev loss and its step, the evals since it,
-  whether the run has stopped; saved in every checkpoint) with one evaluation's dev loss. -> whether it
-  is a new best (the caller saves and keeps that step's checkpoint)."""
-  better = dev_loss < early["best"]
-  early.update(best=min(early["best"], dev_loss), bad=0 if better else early["bad"] + 1)
-  if better:
-    early["best_step"] = step
-  if early["bad"] >= patience:
-    early["stopped"] = True
-    _say(f"\n[train] dev loss has not improved for {patience} evals (best {early['best']:.4f} at step "
-         f"{early.get('best_step')}); stopping at step {step}")
-  return better
 
 
 def _resolve_max_len(config, vocab, derived_before: int) -> None:
@@ -165,10 +99,10 @@ def _resolve_max_len(config, vocab, derived_before: int) -> None:
   keeps and drops), or to `derived_before`, the value a resumed run derived when it began; config.json
   then records it for resuming, decoding and export. Data longer than the model's positions: UserError."""
   if derived_before:
-    _say(f"[data] data.max_len={derived_before}: derived from the corpus when this run began (config.json)")
+    say(f"[data] data.max_len={derived_before}: derived from the corpus when this run began (config.json)")
   elif int(config.data.max_len) == 0:
     choice = derive_train_max_len(config.data, tokenized(config.data, vocab, "train"))
-    _say(f"[data] {choice.describe()}")
+    say(f"[data] {choice.describe()}")
     config.data.max_len = choice.max_len
   if int(config.data.max_len) > int(config.model.max_len):
     raise UserError(f"config.data.max_len={config.data.max_len} tokens per side exceeds the model's "
@@ -241,7 +175,7 @@ def _open_run(config, run: RunDir) -> int:
     derived_before = config.data.max_len = run.recorded_max_len()
   changes = run.check_resume(config, has_checkpoints)
   if changes:
-    _say(f"[train] config changed since the last run in {run.path}: {'; '.join(changes)}")
+    say(f"[train] config changed since the last run in {run.path}: {'; '.join(changes)}")
   return derived_before
 
 
@@ -314,15 +248,15 @@ def _starting_state(config, run: RunDir, model, tx, mesh, vocab, train_iter) -> 
                      f"({vocab.fingerprint} vs {meta['vocab_fingerprint']}); restore the run's vocab.model")
   if opt_state is None:   # reset_optimizer and the saved state did not fit: a fresh one
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-    _say(f"[train] config.train.reset_optimizer: step {meta['step']}'s optimizer state does not fit the "
-         f"optimizer as configured now; starting it afresh (parameters, step and data position kept)")
+    say(f"[train] config.train.reset_optimizer: step {meta['step']}'s optimizer state does not fit the "
+        f"optimizer as configured now; starting it afresh (parameters, step and data position kept)")
   state = step_lib.TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                               opt_state=opt_state, nonfinite_step=jnp.asarray(-1, jnp.int32))
   try:
     train_iter.set_state(meta["data"])
   except ValueError as error:
     raise ckpt.CheckpointMismatch(f"{run.path / ckpt.CHECKPOINTS / str(meta['step'])}: {error}") from None
-  _say(f"[train] resumed {run.path} at step {meta['step']}")
+  say(f"[train] resumed {run.path} at step {meta['step']}")
   train_key = ckpt.key_from_json(meta["rng"], RNG_IMPLS[tc.get("rng_impl", "threefry")])
   return _Start(jax.device_put(state, shardings), train_key, meta.get("pending_metrics", []), early,
                 bool(meta.get("eval_owed", False)))
@@ -395,15 +329,15 @@ def _train(config, run: RunDir) -> Outcome:
     """The dev metrics, written; None where stop() (a signal) cut them short: nothing is written."""
     with clock.part("eval"):
       t0 = time.time()
-      losses = _evaluate(eval_step, state.params, data.dev_batches, mesh, stop)
+      losses = evaluation.dev_losses(eval_step, state.params, data.dev_batches, mesh, stop)
       if losses is None:
         return None
       result = {f"eval/{k}": v for k, v in losses.items()}
       result["eval/seconds"] = time.time() - t0
       if with_bleu:
         t0 = time.time()
-        bleu = _bleu(model, state.params, data.vocab, data.dev_pairs, config.decode, source_eos(config.data),
-                     stop)
+        bleu = evaluation.bleu(model, state.params, data.vocab, data.dev_pairs, config.decode,
+                               source_eos(config.data), stop)
         if bleu is None:
           return None
         result["eval/bleu"] = bleu[0]
@@ -418,7 +352,7 @@ def _train(config, run: RunDir) -> Outcome:
     result = evaluate(step, with_bleu=with_bleu, stop=lambda: vote.vote(signals.received is not None))
     if result is None or not int(tc.get("early_stop_evals", 0)):
       return result, False
-    new_best = _early_stop(early, result["eval/loss"], int(tc.early_stop_evals), step)
+    new_best = evaluation.early_stop(early, result["eval/loss"], int(tc.early_stop_evals), step)
     if new_best:   # saved and kept: the run's model unless a later eval beats it
       keep_best.steps = {step}
     return result, new_best
@@ -507,28 +441,17 @@ def _train(config, run: RunDir) -> Outcome:
         if outcome.best_step is not None and outcome.best_step != step:   # early stopping: the best model
           params = run.load_params(outcome.best_step)[0]
         if outcome.best_step is not None:
-          _say(_best_step_line(outcome, early["best"], run.path / ckpt.CHECKPOINTS / str(outcome.best_step)))
-        _report_test(config, run, model, params, data.vocab, writer, step, outcome)
+          best = run.path / ckpt.CHECKPOINTS / str(outcome.best_step)
+          say(evaluation.best_step_line(outcome, early["best"], best))
+        evaluation.report_test(config, run, model, params, data.vocab, writer, step, outcome)
   finally:
     writer.close()
   clock.close_interval()
-  _say(clock.summary())
+  say(clock.summary())
   if stop:
-    _say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
-         f"rerun the same command to resume")
+    say(f"[train] {received}: saved step {step} in {workdir / ckpt.CHECKPOINTS}; "
+        f"rerun the same command to resume")
   return outcome
-
-
-def _best_step_line(outcome: Outcome, best_loss: float, path: pathlib.Path) -> str:
-  """What the end of a run with config.train.early_stop_evals says of its model: early stopping only where
-  the run stopped early; a run that trained all its steps names the step it keeps as best."""
-  kept = (f"its checkpoint ({path}) is kept and is the run's model: the test BLEU below, decode and export "
-          f"read it (--checkpoint latest: step {outcome.step})")
-  if outcome.stopped_early:
-    return (f"[train] early stopping: stopped at step {outcome.step}; the best dev loss, {best_loss:.4f}, was "
-            f"at step {outcome.best_step}; {kept}")
-  return (f"[train] trained all {outcome.step} steps (no early stop); the best dev loss, {best_loss:.4f}, was "
-          f"at step {outcome.best_step}: {kept}")
 
 
 class _StepCheckpoints:
@@ -552,8 +475,8 @@ class _StepCheckpoints:
     for step in [s for s in manager.all_steps() if s > start_step] + off:
       manager.delete(step)
     if off:
-      _say(f"[train] dropped step checkpoints {off} of {run.path / ckpt.TO_AVERAGE}: not {every} steps apart "
-           f"counting back from config.train.num_steps={num_steps} (changed since they were written)")
+      say(f"[train] dropped step checkpoints {off} of {run.path / ckpt.TO_AVERAGE}: not {every} steps apart "
+          f"counting back from config.train.num_steps={num_steps} (changed since they were written)")
     return cls(manager, every)
 
   def save(self, step: int, params, vocab_fingerprint) -> None:
@@ -615,9 +538,9 @@ class _Profiler:
     if self.window and step == self.window[1]:
       jax.block_until_ready(state)
       jax.profiler.stop_trace()
-      _say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path}/plugins/profile/"
-           f"<time>/: perfetto_trace.json.gz opens at https://ui.perfetto.dev; the *.xplane.pb in XProf "
-           f"(pip install xprof; xprof --logdir {self.path}) (docs/accelerators.md)")
+      say(f"\n[train] profiled steps {self.window[0] + 1}-{self.window[1]}: {self.path}/plugins/profile/"
+          f"<time>/: perfetto_trace.json.gz opens at https://ui.perfetto.dev; the *.xplane.pb in XProf "
+          f"(pip install xprof; xprof --logdir {self.path}) (docs/accelerators.md)")
 
 
 class _Padding:
@@ -640,26 +563,3 @@ class _Padding:
     self.slots, self.real, self.batches = np.zeros(2), np.zeros(2), 0
     return {"train/padding": float(share[0]), "train/src_padding": float(share[1]),
             "train/tgt_slots_per_batch": slots}
-
-
-def _report_test(config, run: RunDir, model, params, vocab, writer, step, outcome: Outcome) -> None:
-  """The end: test-set sacreBLEU of `params` (the final ones, or early stopping's best: metrics.jsonl's
-  test/checkpoint_step names its step), of the average of the last config.train.average_last
-  checkpoints (the paper's reported models) and a few sample translations."""
-  tc = config.train
-  scores = tc.test_bleu and tasks.translates(config.data)
-  test = None   # parameters -> test BLEU
-  if scores:
-    test_pairs = load_pairs(config.data, "test")
-    if tc.get("test_sentences", 0):
-      test_pairs = test_pairs[:tc.test_sentences]
-    bleu_of = lambda params: _bleu(model, params, vocab, test_pairs, config.decode, source_eos(config.data))
-    bleu, signature, hyps = bleu_of(params)
-    which = {} if outcome.best_step is None else {"test/checkpoint_step": outcome.best_step}
-    writer.write(step, {"test/bleu": bleu, "test/signature": signature, **which})
-    outcome.test_bleu, outcome.test_signature = bleu, signature
-    outcome.samples = [(s, t, h) for (s, t), h in list(zip(test_pairs, hyps))[:tc.num_samples]]
-    test = lambda params: bleu_of(params)[0]
-  if int(tc.get("average_last", 0)):
-    outcome.averaged_steps, outcome.test_bleu_averaged = average_and_test(
-        run, int(tc.average_last), test, writer, step, bool(tc.get("average_allow_fewer", False)))
