@@ -232,6 +232,7 @@ def test_a_sweep_killed_then_hung_up_while_squeue_and_sacct_fail_submits_only_th
   resubmitted = lambda: len(_jobs(trials["lost"])) == 2 and \
       f"submitted SLURM job {_jobs(trials['lost'])[1]}" in log_text("lost")
   until(lambda: resubmitted() or second_watcher.poll() is not None, "lost's resubmission")
+  assert second_watcher.poll() is None, (tmp_path / "watcher2.log").read_text()
   os.killpg(second_watcher.pid, signal.SIGHUP)
   assert second_watcher.wait() == -signal.SIGHUP, (tmp_path / "watcher2.log").read_text()
   assert "skip first (done)" in (tmp_path / "watcher2.log").read_text()
