@@ -66,7 +66,8 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
   share (parameters replicated): data parallelism, with no communication until the results are gathered.
   Sentences do not interact in a search, so beam search and greedy give the same translations on any
   number of devices (scores agree up to float rounding). Sampling draws every row from its own key (rng:
-  keys [n], or one key with the row's index folded in), so samples do not depend on the number of devices.
+  keys [n], or one key with each row's `index`, int32 [n] (default 0..n-1), folded in), so samples do not
+  depend on the number of devices.
   """
   model = Transformer(cfg)
   sharded = mesh is not None and mesh.devices.size > 1
@@ -106,20 +107,19 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
         beam_size=beam_size, max_len=limits, max_steps=steps, eos_id=EOS, bos_id=bos, alpha=alpha,
         min_len=min_len, reorder=reorder, extensions=fast)
 
-  def row_keys(rng, n):   # [n]: as given, or one key with each row's index folded in
-    return rng if rng.ndim else jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(n))
+  def row_keys(rng, n, index):   # [n]: as given, or one key with each row's index (or 0..n-1) folded in
+    if rng.ndim:
+      return rng
+    return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(n) if index is None else index)
 
   if not sharded:
-    return jax.jit(lambda params, src, limits, rng, weights=None:
-                   search(params, src, limits, row_keys(rng, src.shape[0]), weights))
+    return jax.jit(lambda params, src, limits, rng, weights=None, index=None:
+                   search(params, src, limits, row_keys(rng, src.shape[0], index), weights))
   rows = P("data")
   split = jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, rows, P()), out_specs=rows,
                         check_vma=False)
-  return jax.jit(lambda params, src, limits, rng, weights=None:
-                 split(params, src, limits, row_keys(rng, src.shape[0]), weights))
-
-
-_sentence_keys = jax.jit(jax.vmap(jax.random.fold_in, (None, 0)))   # (key, int32 [rows]) -> keys [rows]
+  return jax.jit(lambda params, src, limits, rng, weights=None, index=None:
+                 split(params, src, limits, row_keys(rng, src.shape[0], index), weights))
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,8 +230,8 @@ def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"
       # Filler rows: keys no sentence of this call uses (their samples are discarded).
       index = np.arange(first_index + len(sentences), first_index + len(sentences) + rows)
       index[:len(chunk)] = np.asarray(chunk) + first_index
-      seqs, scores = jax.device_get(search(params, jnp.asarray(src), jnp.asarray(limits),
-                                           _sentence_keys(rng, jnp.asarray(index, jnp.int32)), weights))
+      # Host arrays straight into the search (jnp.asarray would compile a program per shape to stage them).
+      seqs, scores = jax.device_get(search(params, src, limits, rng, weights, index.astype(np.int32)))
       best_len = (seqs[:, 0] == EOS).argmax(axis=1)   # [rows]: every hypothesis ends in EOS
       for r, i in enumerate(chunk):
         results[i] = [(vocab.decode(seqs[r, j]), float(scores[r, j])) for j in range(nbest)]

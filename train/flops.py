@@ -175,7 +175,7 @@ def probe_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
   """FLOP/s of a [size, size] x [size, size] matmul on a local device: the median of `repeats` timed calls,
   so that one stray timing can neither raise nor lower it."""
   device = jax.local_devices()[0]   # addressable in every process of a multi-host job
-  a = jax.device_put(jnp.ones((size, size), dtype), device)
+  a = jax.device_put(np.ones((size, size), jnp.dtype(dtype)), device)   # no program to make it
   matmul = jax.jit(lambda a, b: a @ b)
   matmul(a, a).block_until_ready()
   times = []
