@@ -28,9 +28,6 @@ import subprocess
 import sys
 import time
 
-from tensorboardX import SummaryWriter
-from tensorboardX.summary import hparams
-
 from run import config as config_io
 from run import metrics as metrics_io
 from run.workdir import write_atomically
@@ -110,8 +107,9 @@ def write_hparams(trial_dir: pathlib.Path, overrides: dict) -> None:
   view: `tensorboard --logdir SWEEP_DIR` shows every trial of the sweep side by side."""
   params = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in overrides.items()}
   metrics = {f"hparams/{k}": v for k, v in final_metrics(trial_dir).items()}
-  with SummaryWriter(str(pathlib.Path(trial_dir) / metrics_io.TB / HPARAMS)) as writer:
-    for summary in hparams(params or {"trial": pathlib.Path(trial_dir).name}, metrics):
+  tensorboard = metrics_io.tensorboardx()
+  with tensorboard.SummaryWriter(str(pathlib.Path(trial_dir) / metrics_io.TB / HPARAMS)) as writer:
+    for summary in tensorboard.summary.hparams(params or {"trial": pathlib.Path(trial_dir).name}, metrics):
       writer.file_writer.add_summary(summary)
     for key, value in metrics.items():   # the values the HParams view shows beside the trial's settings
       writer.add_scalar(key, value)

@@ -25,20 +25,21 @@ def _jsonable(value):
   return value
 
 
-def _summary_writer():
-  """tensorboardX's SummaryWriter, imported without PyTorch: tensorboardX imports torch whenever it is
-  installed (the interop extra), only to accept torch tensors, which we never log; that import was 1.6 s
-  of every trainer's start (tests/TIMES.md). torch stays importable afterwards, and a process that has
-  already imported it keeps it."""
+def tensorboardx():
+  """The tensorboardX package (and its `summary` module), imported without PyTorch: tensorboardX imports
+  torch whenever it is installed (the interop extra), only to accept torch tensors, which we never log;
+  that import was 1.6 s of every trainer's start, and 1.6 s of every sweep trial's (tests/TIMES.md). torch
+  stays importable afterwards, and a process that has already imported it keeps it."""
   hide = "torch" not in sys.modules
   if hide:
     sys.modules["torch"] = None   # `import torch` raises ImportError, which tensorboardX handles
   try:
-    from tensorboardX import SummaryWriter
+    import tensorboardX
+    import tensorboardX.summary
   finally:
     if hide:
       del sys.modules["torch"]
-  return SummaryWriter
+  return tensorboardX
 
 
 class MetricsWriter:
@@ -53,8 +54,8 @@ class MetricsWriter:
     self._tb = None
     if tensorboard:
       # purge_step drops events of an interrupted run past the step we resume from.
-      self._tb = _summary_writer()(str(pathlib.Path(workdir) / TB),
-                                   purge_step=resume_step if resume_step > 0 else None)
+      self._tb = tensorboardx().SummaryWriter(str(pathlib.Path(workdir) / TB),
+                                              purge_step=resume_step if resume_step > 0 else None)
 
   def write(self, step: int, metrics: dict) -> None:
     line = {"step": int(step)}

@@ -35,3 +35,22 @@ def test_tensorboard_scalars_are_written_without_importing_torch(tmp_path):
       scalars[value.tag] = (event.step, value.simple_value)
   assert scalars == {"train/loss": (3, 2.5), "eval/bleu": (3, 40.0)}
   assert json.loads((tmp_path / "metrics.jsonl").read_text())["train/loss"] == 2.5
+
+
+# A sweep trial's hyperparameters for TensorBoard's HParams view, from a fresh process: torch stays out.
+HPARAMS = textwrap.dedent("""\
+    import json, pathlib, sys
+    from jobs import sweep_trial
+    trial = pathlib.Path(sys.argv[1])
+    (trial / "metrics.jsonl").write_text(json.dumps({"step": 4, "eval/loss": 1.5}) + "\\n")
+    sweep_trial.write_hparams(trial, {"model.num_heads": 4})
+    print(json.dumps(["torch" in sys.modules]))
+""")
+
+
+def test_a_sweep_trials_hparams_are_written_without_importing_torch(tmp_path):
+  done = subprocess.run([sys.executable, "-c", HPARAMS, str(tmp_path)], capture_output=True, text=True,
+                        env=clean_env(), check=True)
+  assert json.loads(done.stdout.splitlines()[-1]) == [False]
+  (events,) = (tmp_path / "tb" / "hparams").glob("events.out.tfevents.*")
+  assert b"model.num_heads" in events.read_bytes() and b"hparams/dev_loss" in events.read_bytes()
