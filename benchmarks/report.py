@@ -158,9 +158,19 @@ def render_run(r: dict) -> str:
   return "\n".join(out + (["Not run: " + "; ".join(not_run) + ".", ""] if not_run else []))
 
 
-def render_startup(r: dict) -> str:
-  """Markdown for one benchmarks/results/startup*.json (benchmarks/startup.py)."""
-  return f"## Start-up: a smoke run, checkout against checkout ({r['date']})\n\n{startup.render(r)}\n"
+def render_startup(results: list[tuple[pathlib.Path, dict]]) -> str:
+  """One section for every benchmarks/results/startup*.json (benchmarks/startup.py): a table of all their
+  checkouts' medians, then each file's command, conditions and ratio."""
+  table = [["run", *startup.HEADER]]
+  notes = []
+  for i, (path, result) in enumerate(results, 1):
+    table += [[str(i), *row] for row in startup.rows(result)]
+    notes.append(f"{i}. {startup.describe(result)} ({result['date']}; "
+                 f"[`{path.name}`](../benchmarks/results/{path.name})).")
+  lines = ["| " + " | ".join(row) + " |" for row in table]
+  lines.insert(1, "|---" * len(table[0]) + "|")
+  return ("## Start-up: `python -m train`, checkout against checkout\n\nMedians, seconds "
+          "(`python -m benchmarks.startup`):\n\n" + "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n")
 
 
 def render_input_pipeline(r: dict) -> str:
@@ -228,7 +238,7 @@ def render_anatomy(result: dict) -> str:
 
 def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
   """The whole page: METHOD, a section per results file (throughput first), then the changes record."""
-  sections, others = [METHOD], []
+  sections, others, starts = [METHOD], [], []
   order = lambda path: (path.stem != "throughput", path.stem != "throughput-default",
                         not path.stem.startswith("throughput"), path.name)
   for path in sorted(pathlib.Path(results_dir).glob("*.json"), key=order):
@@ -243,13 +253,16 @@ def render_page(results_dir=RESULTS, changes=CHANGES) -> str:
       render = render_kv_cache
     elif "stages" in result:
       render = render_input_pipeline
-    elif result.get("benchmark") == "startup":
-      render = render_startup
+    elif result.get("benchmark") == "startup":   # one section for them all, after the loop
+      starts.append((path, result))
+      continue
     else:   # rendered elsewhere (e.g. docs/data.md): linked here
       others.append(f"- [`benchmarks/results/{path.name}`](../benchmarks/results/{path.name}): "
                     f"{result.get('date', 'undated')}")
       continue
     sections.append(render(result) + "\n" + _source(path))
+  if starts:
+    sections.append(render_startup(starts))
   if others:
     sections.append("\n".join(["## Other results files", "", *others, ""]))
   if pathlib.Path(changes).exists():   # linked, not copied: the record grows, the page stays within 250 lines

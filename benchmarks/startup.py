@@ -70,23 +70,33 @@ def one_run(tree: pathlib.Path, command: str, cache: pathlib.Path, workdir: path
   return run
 
 
-def render(result: dict) -> str:
-  keys = ("wall_s", "cpu_s", "time_line_s", "outside_s", "compile_s", "tracing_s", "lowering_s",
-          "cache_reads_s", "backend_compile_s")
-  lines = [f"`{result['command']}`, cache filled, {result['runs']} runs each taking turns, "
-           f"{result['beside']} busy jobs beside, load {result['load_average']['start']:.1f}-"
-           f"{result['load_average']['end']:.1f}; medians, seconds:", "",
-           "| checkout | " + " | ".join(k.removesuffix("_s").replace("_", " ") for k in keys) + " |",
-           "|---" * (len(keys) + 1) + "|"]
-  for tree in result["trees"]:
-    medians = tree["medians"]
-    lines.append(f"| {tree['commit']} | " + " | ".join(
-        f"{medians[k]:.1f}" if k in medians else "" for k in keys) + " |")
+KEYS = ("wall_s", "cpu_s", "time_line_s", "outside_s", "compile_s", "tracing_s", "lowering_s", "cache_reads_s",
+        "backend_compile_s")
+HEADER = ["checkout", *(k.removesuffix("_s").replace("_", " ") for k in KEYS)]
+
+
+def rows(result: dict) -> list[list[str]]:
+  """One table row per checkout: its medians, seconds."""
+  return [[tree["commit"], *(f"{tree['medians'][k]:.1f}" if k in tree["medians"] else "" for k in KEYS)]
+          for tree in result["trees"]]
+
+
+def describe(result: dict) -> str:
+  """What was run, how often and beside what, and the last checkout over the first."""
+  text = (f"`{result['command']}`, cache filled, {result['runs']} runs each taking turns, "
+          f"{result['beside']} busy jobs beside, load {result['load_average']['start']:.1f}-"
+          f"{result['load_average']['end']:.1f}")
   first, last = result["trees"][0]["medians"], result["trees"][-1]["medians"]
   if len(result["trees"]) > 1:
-    lines += ["", f"last / first: wall {last['wall_s'] / first['wall_s']:.2f}, "
-                  f"CPU {last['cpu_s'] / first['cpu_s']:.2f}"]
-  return "\n".join(lines)
+    text += (f"; last / first: wall {last['wall_s'] / first['wall_s']:.2f}, "
+             f"CPU {last['cpu_s'] / first['cpu_s']:.2f}")
+  return text
+
+
+def render(result: dict) -> str:
+  table = ["| " + " | ".join(HEADER) + " |", "|---" * len(HEADER) + "|"]
+  table += ["| " + " | ".join(row) + " |" for row in rows(result)]
+  return describe(result) + "; medians, seconds:\n\n" + "\n".join(table)
 
 
 def main(argv=None) -> dict:
