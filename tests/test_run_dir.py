@@ -119,9 +119,11 @@ def test_average_defaults_to_the_runs_own_average_last_and_equals_the_all_at_onc
 
 def test_averaging_holds_one_checkpoint_in_host_memory_whatever_how_many(tmp_path, monkeypatch):
   """The peak of Python's host allocations while averaging 8 checkpoints exceeds that of averaging 2 by
-  less than one checkpoint: all at once, it would by 6. Each checkpoint is read into numpy arrays here
-  (traced by tracemalloc, as a restore on an accelerator host copies into host memory; on the CPU JAX's
-  arrays would hide in XLA's buffers, which tracemalloc does not see)."""
+  less than half of what reading them all at once would add (6 checkpoints): streamed, the two peaks
+  differ by noise (0.2-0.3 MB alone; 1.25 MB, over one checkpoint, once in a CI worker that had run other
+  tests). Each checkpoint is read into numpy arrays here (traced by tracemalloc, as a restore on an
+  accelerator host copies into host memory; on the CPU JAX's arrays would hide in XLA's buffers, which
+  tracemalloc does not see)."""
   trees = write_run(tmp_path / "run", range(1, 9), average_last=8, wide=1024)
   one = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(trees[0]))
   read_params = ckpt.read_params
@@ -138,7 +140,7 @@ def test_averaging_holds_one_checkpoint_in_host_memory_whatever_how_many(tmp_pat
 
   two, eight = peak(2), peak(8)
   assert two > 2 * one                          # the float64 sum is measured: the measure sees the arrays
-  assert eight - two < one, (two, eight, one)
+  assert eight - two < 3 * one, (two, eight, one)
 
 
 def test_average_refuses_to_replace_the_runs_average_unless_asked(tmp_path, capsys):
