@@ -199,6 +199,10 @@ class RunDir:
   def read_meta(self, step: int, directory: str = ckpt.CHECKPOINTS) -> dict:
     return ckpt.read_meta(self.path, step, directory=directory)
 
+  def update_meta(self, step: int, changes: dict) -> None:
+    """RUN/checkpoints/<step>'s meta with `changes` applied, rewritten atomically (ckpt.update_meta)."""
+    ckpt.update_meta(self.path, step, changes)
+
   def best_step(self) -> int | None:
     return ckpt.best_step(self.path, sorted(self.checkpoints().all_steps(), reverse=True))
 

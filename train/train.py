@@ -380,7 +380,7 @@ def _train(config, run: RunDir) -> Outcome:
       eval_result, _ = dev_eval(step)
       stop = eval_result is None
       if not stop and primary:
-        ckpt.update_meta(workdir, step, {"early_stop": dict(early), "eval_owed": False})
+        run.update_meta(step, {"early_stop": dict(early), "eval_owed": False})
     while step < num_steps and not stop and not early["stopped"]:
       profiler.before(step)
       with clock.part("input"):
