@@ -258,11 +258,9 @@ LOCAL_WATCHER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_a_killed_local_sweep_rerun_starts_only_the_unfinished_trials(tmp_path):
-  """Trial 'first' finishes, then the sweep command is SIGKILLed; 'held''s trainer goes on and 'lost''s
-  dies too. The same command again: skips 'first' (its trial process wrote DONE), watches 'held''s
-  process instead of starting a second trainer on its run directory, and starts 'lost' again."""
+def _held_sweep(tmp_path):
+  """THREE_TRIALS with HELD_TRAINER under LOCAL_WATCHER: (its command, environment, sweep directory, and
+  the trials' directories by name)."""
   (tmp_path / "train.py").write_text(HELD_TRAINER)
   (tmp_path / "exp.py").write_text(THREE_TRIALS)
   out = tmp_path / "sweep"
@@ -270,6 +268,15 @@ def test_a_killed_local_sweep_rerun_starts_only_the_unfinished_trials(tmp_path):
                                                         workdir=str(out), trainer=str(tmp_path / "train.py"))]
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   trials = {name: out / name for name in ("first", "held", "lost")}
+  return command, env, out, trials
+
+
+@pytest.mark.slow
+def test_a_killed_local_sweep_rerun_starts_only_the_unfinished_trials(tmp_path):
+  """Trial 'first' finishes, then the sweep command is SIGKILLed; 'held''s trainer goes on and 'lost''s
+  dies too. The same command again: skips 'first' (its trial process wrote DONE), watches 'held''s
+  process instead of starting a second trainer on its run directory, and starts 'lost' again."""
+  command, env, out, trials = _held_sweep(tmp_path)
   watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
   until(lambda: all(trainers_started(d) for d in trials.values()), "the three trainers")
   (out / "release-first").touch()
@@ -304,13 +311,7 @@ def test_a_local_sweep_outlives_the_hangup_of_its_terminal(tmp_path):
   trials train: the command dies, the trials (each in a session of its own) go on; one that finishes
   meanwhile records its own result. The same command again watches the two still running, starts
   nothing twice, and records them."""
-  (tmp_path / "train.py").write_text(HELD_TRAINER)
-  (tmp_path / "exp.py").write_text(THREE_TRIALS)
-  out = tmp_path / "sweep"
-  command = [sys.executable, "-c", LOCAL_WATCHER.format(root=str(ROOT), spec=str(tmp_path / "exp.py"),
-                                                        workdir=str(out), trainer=str(tmp_path / "train.py"))]
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
-  trials = {name: out / name for name in ("first", "held", "lost")}
+  command, env, out, trials = _held_sweep(tmp_path)
   # A session of its own stands for the terminal's: its process group is the one the hangup reaches.
   watcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                              start_new_session=True)
