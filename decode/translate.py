@@ -30,6 +30,7 @@ from decode import prompt as prompt_lib
 from decode import sampling as sampling_lib
 from model import Transformer, TransformerConfig, init_cache, reorder_cache
 from model.ops import decoding_for
+from run import programs
 from run.mesh import make_mesh
 
 
@@ -113,13 +114,13 @@ def search_fn(cfg: TransformerConfig, beam_size: int, alpha: float, min_len: int
     return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(n) if index is None else index)
 
   if not sharded:
-    return jax.jit(lambda params, src, limits, rng, weights=None, index=None:
-                   search(params, src, limits, row_keys(rng, src.shape[0], index), weights))
+    return programs.jit(lambda params, src, limits, rng, weights=None, index=None:
+                        search(params, src, limits, row_keys(rng, src.shape[0], index), weights))
   rows = P("data")
   split = jax.shard_map(search, mesh=mesh, in_specs=(P(), rows, rows, rows, P()), out_specs=rows,
                         check_vma=False)
-  return jax.jit(lambda params, src, limits, rng, weights=None, index=None:
-                 split(params, src, limits, row_keys(rng, src.shape[0], index), weights))
+  return programs.jit(lambda params, src, limits, rng, weights=None, index=None:
+                      split(params, src, limits, row_keys(rng, src.shape[0], index), weights))
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,8 +132,8 @@ def decoding_weights_fn(cfg: TransformerConfig, mesh: Mesh | None = None):
   model = Transformer(cfg)
   weights = lambda params: model.apply({"params": params}, method="decoding_weights")
   if mesh is None:
-    return jax.jit(weights)
-  return jax.jit(weights, out_shardings=NamedSharding(mesh, P()))
+    return programs.jit(weights)
+  return programs.jit(weights, out_shardings=NamedSharding(mesh, P()))
 
 
 def translate(model, params, vocab, sentences, *, beam_size=DEFAULTS["beam_size"],

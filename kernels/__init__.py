@@ -130,17 +130,26 @@ def lowering_for(platforms):
   platforms = tuple(platforms)
   if not platforms or set(platforms) - set(PLATFORMS):
     raise ValueError(f"lowering_for({platforms!r}): name one or more of {list(PLATFORMS)}")
-  if not _LOWERING:
-    import jax
-    _LOWERING.append(jax.make_user_context(None))
-  with _LOWERING[0](platforms):
+  with lowering_context()(platforms):
     yield
 
 
-def export(fn, *args, platforms, **options):
+def lowering_context():
+  """lowering_for's jax.make_user_context, made on the first call (run/programs.py makes it before the
+  key of its first program, which must not depend on whether an export came before)."""
+  if not _LOWERING:
+    import jax
+    _LOWERING.append(jax.make_user_context(None))
+  return _LOWERING[0]
+
+
+def export(fn, *args, platforms, custom_calls=(), **options):
   """jax.export.export(fn, platforms=platforms, **options)(*args), traced inside lowering_for(platforms):
   how this code base exports a jitted function for other machines (tests/test_lowering.py holds every
-  export to it). Returns the jax.export.Exported."""
+  export to it). custom_calls: targets the program may call besides those jax.export knows to be stable
+  (the C++ decoding kernels'). Returns the jax.export.Exported."""
   from jax import export as jax_export
+  checks = [*options.pop("disabled_checks", ()),
+            *(jax_export.DisabledSafetyCheck.custom_call(name) for name in custom_calls)]
   with lowering_for(platforms):
-    return jax_export.export(fn, platforms=platforms, **options)(*args)
+    return jax_export.export(fn, platforms=platforms, disabled_checks=checks, **options)(*args)

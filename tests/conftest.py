@@ -37,6 +37,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 # cache, unless a test sets its own: a later run then compiles only what changed there too.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# run/programs.py's programs, kept in that cache too, are checked at every load: each is traced again and
+# must be the program kept under its key (a key that missed a value the program depends on stops the test).
+os.environ.setdefault("AIAYN_PROGRAM_CACHE", "verify")
 
 # What the commands show on the console (run/console.py), also where a test calls the library directly
 # and reads the console with capsys.

@@ -27,6 +27,7 @@ from data.batching import BATCH_KEYS, OPTIONAL_BATCH_KEYS   # the data contract:
 from kernels import on_lowering_platform
 from model import Transformer
 from model.ops import ops_for
+from run import programs
 from train import loss as loss_lib
 
 # Tokens per chunk and device of the fused output layer and loss (loss.fused_output_losses, every
@@ -104,7 +105,7 @@ def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
   """
   init = functools.partial(init_state, model=model, tx=tx)
   shardings = state_shardings(jax.eval_shape(init, params_key), mesh, fsdp)
-  state = jax.jit(init, out_shardings=shardings)(params_key)
+  state = programs.jit(init, out_shardings=shardings)(params_key)
   return state, shardings
 
 
@@ -246,7 +247,7 @@ def jit_train_step(model, tx, schedule, mesh: Mesh, shardings, *, label_smoothin
                          label_smoothing=label_smoothing, accum_steps=accum_steps,
                          loss_chunk_tokens=loss_chunk_tokens * mesh.devices.size,
                          micro_sharding=NamedSharding(mesh, P(None, "data")))
-  return jax.jit(fn, in_shardings=(shardings, batch_sharding(mesh), replicated),
+  return programs.jit(fn, in_shardings=(shardings, batch_sharding(mesh), replicated),
                  out_shardings=(shardings, replicated), donate_argnums=0)
 
 
@@ -255,5 +256,5 @@ def jit_eval_step(model, mesh: Mesh, param_shardings, *, label_smoothing: float,
   """eval_step jitted with explicit shardings (params are not donated)."""
   fn = functools.partial(eval_step, model=model, label_smoothing=label_smoothing,
                          loss_chunk_tokens=loss_chunk_tokens * mesh.devices.size)
-  return jax.jit(fn, in_shardings=(param_shardings, batch_sharding(mesh)),
+  return programs.jit(fn, in_shardings=(param_shardings, batch_sharding(mesh)),
                  out_shardings=NamedSharding(mesh, P()))
