@@ -130,17 +130,11 @@ def lowering_for(platforms):
   platforms = tuple(platforms)
   if not platforms or set(platforms) - set(PLATFORMS):
     raise ValueError(f"lowering_for({platforms!r}): name one or more of {list(PLATFORMS)}")
-  with lowering_context()(platforms):
-    yield
-
-
-def lowering_context():
-  """lowering_for's jax.make_user_context, made on the first call (run/programs.py makes it before the
-  key of its first program, which must not depend on whether an export came before)."""
   if not _LOWERING:
     import jax
     _LOWERING.append(jax.make_user_context(None))
-  return _LOWERING[0]
+  with _LOWERING[0](platforms):
+    yield
 
 
 def export(fn, *args, platforms, custom_calls=(), **options):

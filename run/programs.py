@@ -2,6 +2,7 @@
 
     step = programs.jit(fn, in_shardings=..., donate_argnums=0)   # as jax.jit(fn, ...)
     state, metrics = step(state, batch, key)
+    shapes = programs.eval_shape(init, key)                         # as jax.eval_shape(init, key)
 
 JAX's persistent compilation cache keeps XLA's compile, but to find a program there it must first trace
 and lower it, which on a CPU is most of a short run's start (docs/performance.md, "Start-up"). A
@@ -9,9 +10,9 @@ and lower it, which on a CPU is most of a short run's start (docs/performance.md
 is kept as StableHLO (jax.export, for this host's platform) under a key made without tracing, from:
 
   - the source of the packages programs are traced through (data, decode, kernels, model, run, train),
-    the versions of JAX, its plugins and the libraries it traces through, JAX's configuration and the
-    trace context of the call (a mesh set with jax.set_mesh, ...), the XLA_*/JAX_*/AIAYN_* environment,
-    the backend and its devices;
+    the versions of JAX, its plugins and the libraries it traces through, JAX's options as the calling
+    thread sees them and the mesh it set (jax.default_matmul_precision, jax.set_mesh, ...), the
+    XLA_*/JAX_*/AIAYN_* environment, the backend and its devices;
   - the function: its code, defaults and closure, and the module-level values its code names, walked
     through partials, dataclasses (a flax Module, a config), containers, arrays (by their bytes), meshes
     and shardings. A value the walk does not know leaves the function uncached (jitted as usual, said
@@ -23,9 +24,11 @@ A later process with the same key loads the StableHLO and compiles it, which JAX
 is traced from the model, and the program is the one the first process ran (both run the exported
 module). What the trace logged (a kernel's fallback warning) is kept with it and said again at the load.
 
-On where JAX's compilation cache has a directory (`python -m train` and `python -m decode` set one), in a
-single process, for calls with array arguments outside a trace or an export (kernels.lowering_for); kept
-in `<jax_compilation_cache_dir>/aiayn_programs/`, the last KEEP keys' worth of environments.
+On where JAX's compilation cache has a directory (`python -m train` sets one; JAX_COMPILATION_CACHE_DIR
+for the other commands), in a single process, for calls with array arguments outside a trace or an
+export (kernels.lowering_for). Kept in `<jax_compilation_cache_dir>/aiayn_programs/<environment>/`, the
+environments used in the last KEEP_DAYS. A program over several devices without in_shardings is not kept
+(where its arguments go is decided at each call), nor one jax.export does not take.
 AIAYN_PROGRAM_CACHE=0 turns it off; AIAYN_PROGRAM_CACHE=verify traces again at every load and stops with
 an error where the program kept differs from the one traced (the test suite runs so: tests/conftest.py);
 AIAYN_PROGRAM_CACHE_DEBUG=DIR writes what each function's key was made of.
@@ -49,20 +52,21 @@ import types
 
 import jax
 import numpy as np
-from jax._src import config as jax_config   # trace_context: JAX's jit cache key for a call's context
 
 log = logging.getLogger(__name__)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # the packages a program is traced through: their source is part of every key
 TRACED = ("data", "decode", "kernels", "model", "run", "train")
-# source trees whose programs are kept (the least recently used others are removed)
-KEEP = 8
+# an environment's programs unused for this many days are removed (when another environment starts)
+KEEP_DAYS = 7
 # the libraries whose code a program is traced through; their versions are part of every key
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "ml_collections", "chex", "orbax-checkpoint",
              "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 # module-level values a program's key leaves out, and why
 UNKEYED = {("kernels", "_LOWERING"): "the export context, made on the first export: nothing is kept inside it"}
+# JAX's options that a thread may set for itself (jax.config's attributes), read at every call
+_OPTIONS = tuple(sorted(name for name in jax.config.values if hasattr(jax.config, name)))
 ENV_PREFIXES = ("XLA_", "JAX_", "AIAYN_", "LIBTPU_", "TPU_", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32")
 _EVENT = "/aiayn/program_cache/load_sec"
 
@@ -107,16 +111,11 @@ def _source() -> str:
   return digest.hexdigest()
 
 
-def _context() -> str:
-  """The call's trace context (jax._src.config.trace_context: what JAX's own jit cache keys on besides
-  the arguments), written out the same way in every process."""
-  parts = []
-  for value in jax_config.trace_context():
-    if type(value).__repr__ is object.__repr__:   # an object without a repr of its own (JAX's AxisEnv)
-      slots = [s for s in getattr(type(value), "__slots__", ()) if not s.startswith("__")]
-      value = (type(value).__qualname__, [(s, getattr(value, s, None)) for s in slots])
-    parts.append(repr(value))
-  return "|".join(parts)
+def _context() -> tuple:
+  """What a call's trace may read from JAX's state besides its arguments: every option's value as the
+  calling thread sees it (a `with jax.default_matmul_precision(...)` included) and the mesh a caller set
+  (jax.set_mesh). About 13 us; part of the key of every call."""
+  return tuple(getattr(jax.config, name) for name in _OPTIONS) + (jax.sharding.get_abstract_mesh(),)
 
 
 def _version(name: str) -> str:
@@ -176,8 +175,6 @@ class _Walk:
     self._alive.append(x)
     from flax import linen as nn
     from jax import sharding as jsh
-    if isinstance(x, jax.core.Tracer):
-      raise Unknown(f"{path}: a traced value")
     if isinstance(x, type):
       return self.add("type", x.__module__, x.__qualname__)
     if isinstance(x, (np.ndarray, np.generic, jax.Array)):
@@ -265,7 +262,10 @@ class _Walk:
       x = jax.random.key_data(x)
     if x.size > (1 << 22):
       raise Unknown(f"{path}: an array of {x.size} elements (a program should take it as an argument)")
-    array = np.asarray(x)
+    try:
+      array = np.asarray(x)
+    except Exception as e:   # a traced value, an array on another process's devices, ...
+      raise Unknown(f"{path}: an array without a value here ({type(e).__name__})") from None
     if array.dtype == object:
       raise Unknown(f"{path}: an array of Python objects")
     self.add("array", type(x).__name__, array.dtype.str, array.shape,
@@ -313,10 +313,11 @@ def _signature(args) -> tuple | None:
   leaves, tree = jax.tree_util.tree_flatten(args)
   parts = []
   for leaf in leaves:
-    if isinstance(leaf, jax.core.Tracer):
-      return None
     if isinstance(leaf, jax.Array):
-      parts.append((leaf.aval, leaf.sharding))
+      try:
+        parts.append((leaf.aval, leaf.sharding))
+      except AttributeError:   # a traced value: it has no sharding
+        return None
     elif isinstance(leaf, (np.ndarray, np.generic)):
       parts.append((leaf.shape, leaf.dtype))
     elif isinstance(leaf, (bool, int, float, complex)):
@@ -372,12 +373,11 @@ class Jit:
   def __init__(self, fn, **jit_kwargs):
     if {"static_argnums", "static_argnames"} & set(jit_kwargs):
       raise ValueError("programs.jit: static arguments are not keyed; close over them instead")
-    import kernels
-    kernels.lowering_context()   # what exporting a program makes: a part of every call's trace context
     self.fn, self.jitted = fn, jax.jit(fn, **jit_kwargs)
     self._jit_kwargs = jit_kwargs
     self._key = None          # the function's fingerprint; "" where it cannot be fingerprinted
     self._programs = {}       # (signature, trace context) -> the jitted call of its program
+    self.uncached = None      # why the function is jitted without the cache, where it is
     functools.update_wrapper(self, fn, updated=())
 
   def __getattr__(self, name):   # lower, trace, eval_shape, ...: the jitted function's
@@ -385,13 +385,14 @@ class Jit:
 
   def __call__(self, *args, **kwargs):
     signature = _signature(args) if not kwargs else None
-    memo = (signature, jax_config.trace_context())
+    context = _context()
+    memo = (signature, context)
     program = self._programs.get(memo) if signature is not None else None
     if program is None:
       folder = directory() if signature is not None else None
       if folder is None or _exporting() or not self._fingerprint():
         return self.jitted(*args, **kwargs)
-      program = self._programs[memo] = self._program(folder, signature, args)
+      program = self._programs[memo] = self._program(folder, signature, context, args)
     return program(*args)
 
   def _fingerprint(self) -> str:
@@ -409,17 +410,19 @@ class Jit:
     return self._key
 
   def _uncached(self, why: str):
-    self._key = ""
-    _say_once(logging.INFO, f"run/programs.py: {_name(self.fn)} is jitted without the program cache ({why})")
+    """Jitted as usual from now on; why is kept (`.uncached`) and logged at DEBUG, never on the console,
+    where a command's output may be going."""
+    self._key, self.uncached = "", why
+    _say_once(logging.DEBUG, f"run/programs.py: {_name(self.fn)} is jitted without the program cache ({why})")
     return self.jitted
 
-  def _program(self, folder: pathlib.Path, signature, args):
+  def _program(self, folder: pathlib.Path, signature, context, args):
     """The jitted call of this signature's program: the one kept where there is one, else the one traced
     now (and kept). Both go through jax.export, so that a run that keeps a program and one that loads it
     compile the same module (which JAX's compilation cache then holds)."""
     from kernels import cpu_decoding
     start = time.perf_counter()
-    key = hashlib.sha256(f"{self._key}|{_describe(signature)}|{_context()}".encode()).hexdigest()
+    key = hashlib.sha256(f"{self._key}|{_describe(signature)}|{context!r}".encode()).hexdigest()
     path = folder / f"{_name(self.fn)[:40]}-{key[:32]}.program"
     entry = _read(path)
     if entry is not None and "uncached" in entry:   # an earlier process found it cannot be kept
@@ -458,14 +461,41 @@ class Jit:
     """(this call's program exported for this host, what its trace logged)."""
     import kernels
     from kernels import cpu_decoding
+    from run import console
     capture = _Capture()
-    logging.getLogger().addHandler(capture)
+    loggers = [logging.getLogger(), *map(logging.getLogger, console.LOGGERS)]   # the console's propagate no
+    for logger in loggers:
+      logger.addHandler(capture)
     try:
       exported = kernels.export(self.jitted, *args, platforms=(kernels._host_platform(),),
                                 custom_calls=tuple(cpu_decoding.TARGETS))
     finally:
-      logging.getLogger().removeHandler(capture)
+      for logger in loggers:
+        logger.removeHandler(capture)
     return exported, capture.records
+
+
+def eval_shape(fn, *args):
+  """jax.eval_shape(fn, *args), kept beside the programs under the same kind of key (the shapes of a
+  train state, which are traced from the model's init otherwise)."""
+  folder, signature = directory(), _signature(args)
+  if folder is None or signature is None or _exporting():
+    return jax.eval_shape(fn, *args)
+  try:
+    key = hashlib.sha256(f"{fingerprint(fn)}|{_describe(signature)}|{_context()!r}".encode()).hexdigest()
+  except Unknown:
+    return jax.eval_shape(fn, *args)
+  path = folder / f"{_name(fn)[:40]}-{key[:32]}.shapes"
+  entry = _read(path)
+  if entry is not None and "shapes" in entry and mode() != "verify":
+    return entry["shapes"]
+  shapes = jax.eval_shape(fn, *args)
+  if entry is not None and entry.get("text") != repr(shapes):   # verify
+    raise RuntimeError(f"run/programs.py: {path} holds other shapes than {_name(fn)} gives: the key misses a "
+                       f"value they depend on. Please report it; AIAYN_PROGRAM_CACHE=0 turns the cache off")
+  if entry is None:
+    _write(path, dict(shapes=shapes, text=repr(shapes)))
+  return shapes
 
 
 def _without_locations(text: str) -> str:
@@ -538,10 +568,13 @@ def _write(path: pathlib.Path, entry: dict) -> None:
 
 
 def _prune(root: pathlib.Path) -> None:
-  """Keeps the KEEP most recently used source trees' programs."""
-  trees = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-  for old in trees[KEEP:]:
-    shutil.rmtree(old, ignore_errors=True)
+  """Removes the environments unused for KEEP_DAYS (a load or a write marks one used)."""
+  for folder in root.iterdir():
+    try:
+      if folder.is_dir() and time.time() - folder.stat().st_mtime > KEEP_DAYS * 86400:
+        shutil.rmtree(folder, ignore_errors=True)
+    except OSError:
+      pass
 
 
 def jit(fn, **jit_kwargs) -> Jit:

@@ -6,7 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,8 @@ def scaled(x):
 
 def logs_while_tracing(x):
   TRACES.append("logs")
-  logging.getLogger("aiayn.test_programs").warning("traced: this path falls back")
+  logging.getLogger("model.test_programs").warning("traced: this path falls back")
+  logging.getLogger("train.test_programs").warning("traced: and the trainer says so")   # propagate off
   return x + 1
 
 
@@ -98,24 +99,25 @@ def test_the_closure_and_module_level_values_are_in_the_key(cache, monkeypatch):
   assert len(TRACES) == 3 and len(kept(cache)) == 3
 
 
-def test_a_value_the_key_cannot_hold_leaves_the_function_uncached(cache, capsys):
+def test_a_value_the_key_cannot_hold_leaves_the_function_uncached(cache):
   handle = open(os.devnull)   # a file: not something a key can fingerprint
   fn = programs.jit(lambda x: x * (2.0 if handle else 1.0))
   np.testing.assert_array_equal(fn(jnp.ones(2)), [2.0, 2.0])
   handle.close()
   assert kept(cache) == []
-  assert "lambda is jitted without the program cache (its key cannot include fn[0].<handle>: a " \
-         "_io.TextIOWrapper)" in capsys.readouterr().out
+  assert fn.uncached == "its key cannot include fn[0].<handle>: a _io.TextIOWrapper"
 
 
-def test_what_the_trace_logged_is_said_again_when_its_program_is_loaded(cache, caplog):
+def test_what_the_trace_logged_is_said_again_when_its_program_is_loaded(cache, capsys, caplog):
   with caplog.at_level(logging.WARNING):
     programs.jit(logs_while_tracing)(jnp.ones(2))
     programs._said.clear()   # as in a new process
     jax.clear_caches()
     programs.jit(logs_while_tracing)(jnp.ones(2))
-  said = [r.getMessage() for r in caplog.records if r.name == "aiayn.test_programs"]
-  assert TRACES == ["logs"] and said == ["traced: this path falls back"] * 2
+  assert TRACES == ["logs"]
+  assert [r.getMessage() for r in caplog.records if r.name == "model.test_programs"] == \
+      ["traced: this path falls back"] * 2
+  assert capsys.readouterr().err.count("traced: and the trainer says so") == 2   # the console's stream
 
 
 def test_donation_holds_for_a_loaded_program(cache):
@@ -191,3 +193,31 @@ def test_a_new_process_loads_what_this_source_tree_kept(tmp_path):
   timing = ("time/", "per_sec", "mfu", "seconds", "tok_s")
   strip = lambda line: {k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
   assert [strip(l) for l in first] == [strip(l) for l in second]
+
+
+def test_eval_shape_is_kept_too(cache):
+  shapes = programs.eval_shape(scaled, jnp.ones((2, 3)))
+  jax.clear_caches()
+  again = programs.eval_shape(scaled, jnp.ones((2, 3)))
+  assert TRACES == ["scaled"] and again == shapes == jax.ShapeDtypeStruct((2, 3), jnp.float32)
+  assert [p.suffix for p in cache.rglob("*.shapes")] == [".shapes"]
+
+
+def test_environments_unused_for_a_week_are_removed_when_another_starts(cache):
+  old, recent = cache / "old", cache / "recent"
+  for folder, days in ((old, programs.KEEP_DAYS + 1), (recent, programs.KEEP_DAYS - 1)):
+    folder.mkdir(parents=True)
+    (folder / "x.program").write_bytes(b"")
+    os.utime(folder, (time.time() - days * 86400,) * 2)
+  programs.jit(scaled)(jnp.ones(3))   # this environment's folder is new
+  assert not old.exists() and recent.exists() and len(kept(cache)) == 2
+
+
+def test_an_option_or_mesh_the_caller_set_is_in_the_key(cache):
+  fn = programs.jit(scaled)
+  fn(jnp.ones(3))
+  with jax.default_matmul_precision("highest"):
+    fn(jnp.ones(3))
+  with jax.set_mesh(make_mesh()):
+    fn(jnp.ones(3))
+  assert len(TRACES) == 3 and len(kept(cache)) == 3

@@ -104,7 +104,7 @@ def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
   Returns (state, shardings) where shardings is a TrainState-shaped tree of NamedShardings.
   """
   init = functools.partial(init_state, model=model, tx=tx)
-  shardings = state_shardings(jax.eval_shape(init, params_key), mesh, fsdp)
+  shardings = state_shardings(programs.eval_shape(init, params_key), mesh, fsdp)
   state = programs.jit(init, out_shardings=shardings)(params_key)
   return state, shardings
 
@@ -112,7 +112,7 @@ def create_state(model, tx, mesh: Mesh, params_key, fsdp: bool = False):
 def abstract_state(model, tx, mesh: Mesh, fsdp: bool = False):
   """(ShapeDtypeStructs with shardings, shardings) of the state, without computing anything."""
   init = functools.partial(init_state, model=model, tx=tx)
-  shapes = jax.eval_shape(init, jax.random.key(0))
+  shapes = programs.eval_shape(init, jax.random.key(0))
   shardings = state_shardings(shapes, mesh, fsdp)
   abstract = jax.tree_util.tree_map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
