@@ -2,8 +2,8 @@
 
     python -m benchmarks.startup [--trees OLD,NEW] [--runs 5] [--beside 2] [--command "..."]
 
-For each checkout (a path; default: this one) a compilation cache of its own under --dir, filled by one
-run that is not counted; then --runs runs of each, taking turns (old, new, old, new, ...), each in a
+For each checkout (a path; default: this one) a compilation cache of its own under --dir (JAX's, and
+run/programs.py's programs in it where the checkout keeps them), filled by one run that is not counted; then --runs runs of each, taking turns (old, new, old, new, ...), each in a
 fresh interpreter with a fresh run directory, while --beside busy jobs run next to them the whole time
 (each a process of its own looping a jitted 512x512 matmul, as another user's job would; 0 for none).
 Each run's wall-clock and CPU seconds (user + system of the trainer and its children) are measured from

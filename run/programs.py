@@ -438,15 +438,14 @@ class Jit:
         why = f"{type(e).__name__}: {str(e)[:300]}"
         _write(path, dict(uncached=why))
         return self._uncached(why)
-      digest = hashlib.sha256(_without_locations(exported.mlir_module()).encode()).hexdigest()
-      uses_cpu_kernels = bool(set(cpu_decoding.TARGETS) & _custom_calls(exported))
-      if entry is not None and entry.get("lowered") != digest:   # verify
+      uses_cpu_kernels = any(t.encode() in exported.mlir_module_serialized for t in cpu_decoding.TARGETS)
+      if entry is not None and _text(entry.get("exported")) != _text(exported):   # verify
         raise RuntimeError(
             f"run/programs.py: the program cache holds another program for {_name(self.fn)} under the same "
             f"key ({path}): the key misses a value the program depends on. Please report it; "
             f"AIAYN_PROGRAM_CACHE=0 turns the cache off")
       if entry is None:
-        _write(path, dict(exported=dataclasses.replace(exported, _get_vjp=None), lowered=digest, said=said,
+        _write(path, dict(exported=dataclasses.replace(exported, _get_vjp=None), said=said,
                           uses_cpu_kernels=uses_cpu_kernels))
     else:
       uses_cpu_kernels = entry["uses_cpu_kernels"]
@@ -498,14 +497,12 @@ def eval_shape(fn, *args):
   return shapes
 
 
-def _without_locations(text: str) -> str:
-  """A module's text less its source locations (which name the caller's lines, not the program)."""
-  text = "\n".join(line for line in text.splitlines() if not line.startswith("#loc"))
+def _text(exported) -> str | None:
+  """An exported program's StableHLO less its source locations (which name the caller's lines)."""
+  if not isinstance(exported, jax.export.Exported):
+    return None
+  text = "\n".join(line for line in exported.mlir_module().splitlines() if not line.startswith("#loc"))
   return re.sub(r" loc\((?:[^()]|\([^()]*\))*\)", "", text)
-
-
-def _custom_calls(exported) -> set:
-  return set(re.findall(r"custom_call @([\w.]+)", exported.mlir_module()))
 
 
 def _name(fn) -> str:
