@@ -65,8 +65,14 @@ LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "ml_collect
              "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 # module-level values a program's key leaves out, and why
 UNKEYED = {("kernels", "_LOWERING"): "the export context, made on the first export: nothing is kept inside it"}
-# JAX's options that a thread may set for itself (jax.config's attributes), read at every call
-_OPTIONS = tuple(sorted(name for name in jax.config.values if hasattr(jax.config, name)))
+# JAX's options that a thread may set for itself (jax.config's attributes), read at every call; less those
+# about logging, caches, tracebacks and guards, which change no program (`with jax.log_compiles():` around
+# a call must not make it another program)
+_QUIET = ("log", "cache", "traceback", "pprint", "transfer_guard", "thread_guard", "timeout", "share_binary",
+          "distributed_debug", "source_url", "captured_constants", "leaked_clients", "preemption",
+          "recoverability")
+_OPTIONS = tuple(sorted(name for name in jax.config.values
+                        if hasattr(jax.config, name) and not any(word in name for word in _QUIET)))
 ENV_PREFIXES = ("XLA_", "JAX_", "AIAYN_", "LIBTPU_", "TPU_", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32")
 _EVENT = "/aiayn/program_cache/load_sec"
 
