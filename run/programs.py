@@ -220,8 +220,17 @@ class _Walk:
       return self.add("module", x.__name__)
     if isinstance(x, types.CodeType):
       return self._code(x)
-    if isinstance(x, (types.BuiltinFunctionType, np.ufunc)) or type(x).__name__ == "PjitFunction":
-      return self.add("callable", getattr(x, "__module__", None), getattr(x, "__qualname__", repr(x)))
+    if type(x).__name__ == "PjitFunction":   # jax.jit(f): f, where it is a module's own (jnp's functions)
+      f = x.__wrapped__
+      if getattr(sys.modules.get(f.__module__), f.__name__, None) is not x:
+        raise Unknown(f"{path}: a function jitted at run time (its jit options cannot be read)")
+      return self.add("jitted", f.__module__, f.__qualname__)
+    if isinstance(x, types.BuiltinFunctionType):   # len, math.exp; or a bound method of a value: its value
+      owner = x.__self__
+      self.add("builtin", x.__name__, type(owner).__qualname__)
+      return None if owner is None or isinstance(owner, types.ModuleType) else self.value(owner, path)
+    if isinstance(x, np.ufunc):
+      return self.add("ufunc", x.__name__)
     if isinstance(x, jsh.Mesh):
       return self.add("mesh", x.axis_names, x.devices.shape, [d.id for d in x.devices.flat],
                       repr(getattr(x, "axis_types", None)))
@@ -229,7 +238,7 @@ class _Walk:
       self.add("named", repr(x.spec), x.memory_kind)
       return self.value(x.mesh, f"{path}.mesh")
     if isinstance(x, jsh.SingleDeviceSharding):
-      return self.add("single", x._device.id, x.memory_kind)
+      return self.add("single", [d.id for d in x.device_set], x.memory_kind)
     if isinstance(x, jsh.PartitionSpec):
       return self.add("spec", repr(x))
     if isinstance(x, jax.ShapeDtypeStruct):
@@ -370,7 +379,8 @@ class _Capture(logging.Handler):
     self.records = []
 
   def emit(self, record):
-    self.records.append((record.name, record.levelno, record.getMessage()))
+    if record.name.split(".")[0] in TRACED:   # this code's words (JAX's own compile log is not replayed)
+      self.records.append((record.name, record.levelno, record.getMessage()))
 
 
 class Jit:
@@ -459,7 +469,7 @@ class Jit:
     if uses_cpu_kernels and not cpu_decoding.available():   # registers them in this process
       return self._uncached("it calls the C++ decoding kernels, which are not available here")
     call = lambda *args: exported.call(*args)
-    call.__name__ = call.__qualname__ = _name(self.fn)   # JAX's logs name the program as before
+    call.__name__ = call.__qualname__ = f"kept_{_name(self.fn)}"   # JAX's logs: jit(kept_train_step)
     return jax.jit(call, **self._jit_kwargs)
 
   def _export(self, args):

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ def scaled(x):
 def logs_while_tracing(x):
   TRACES.append("logs")
   logging.getLogger("model.test_programs").warning("traced: this path falls back")
+  logging.getLogger("jax.test_programs").warning("a library's words: not said again")
   logging.getLogger("train.test_programs").warning("traced: and the trainer says so")   # propagate off
   return x + 1
 
@@ -117,6 +119,7 @@ def test_what_the_trace_logged_is_said_again_when_its_program_is_loaded(cache, c
   assert TRACES == ["logs"]
   assert [r.getMessage() for r in caplog.records if r.name == "model.test_programs"] == \
       ["traced: this path falls back"] * 2
+  assert [r.name for r in caplog.records if r.name == "jax.test_programs"] == ["jax.test_programs"]
   assert capsys.readouterr().err.count("traced: and the trainer says so") == 2   # the console's stream
 
 
@@ -178,7 +181,7 @@ def test_a_new_process_loads_what_this_source_tree_kept(tmp_path):
   """The trainer's programs across processes: the second run traces nothing, and its metrics are the
   first's, value for value."""
   env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax"), "AIAYN_PROGRAM_CACHE": "1",
-         "JAX_PLATFORMS": "cpu"}
+         "JAX_PLATFORMS": "cpu", "JAX_LOG_COMPILES": "1"}
   env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
   runs = []
   for name in ("first", "second"):
@@ -187,8 +190,10 @@ def test_a_new_process_loads_what_this_source_tree_kept(tmp_path):
          "--config.train.progress=False"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs.append(done.stdout + done.stderr)
-  tracing = [float(text.split("[tracing ")[1].split(" s")[0]) for text in runs]
-  assert tracing[0] > 0.2 and tracing[1] == 0.0, tracing
+  traced = [set(re.findall(r"Finished tracing (\w+) for jit", text)) for text in runs]
+  steps = {"init_state", "train_step", "eval_step"}
+  assert steps <= traced[0] and not steps & traced[1], traced       # the second loads them ...
+  assert {"kept_init_state", "kept_train_step", "kept_eval_step"} <= traced[1], traced   # ... and calls them
   first, second = ((tmp_path / n / "metrics.jsonl").read_text().splitlines() for n in ("first", "second"))
   timing = ("time/", "per_sec", "mfu", "seconds", "tok_s")
   strip = lambda line: {k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
