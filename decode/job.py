@@ -180,7 +180,8 @@ class Job:
 
   def _claims(self, part: int) -> list[pathlib.Path]:
     prefix = f"part-{part:05d}.claim."
-    found = [self.dir / name for name in os.listdir(self.dir) if name.startswith(prefix)]
+    found = [self.dir / name for name in os.listdir(self.dir)   # not a claim being written beside its name
+             if name.startswith(prefix) and name[len(prefix):].isdigit()]
     return sorted(found, key=lambda p: int(p.name.rsplit(".", 1)[1]))
 
   def claim(self, stale_after: float) -> Claim | None:

@@ -26,6 +26,7 @@ class Progress:
     self.before: tuple[int, int] | None = None   # lines, target tokens done when we first looked
     self.bar = None
     self.stamp = None                   # the manifest's mtime when read
+    self.initial = self._stamp()        # ... when this command started (None: there was no job)
 
   def _totals(self) -> tuple[int, int]:
     done = self.job.dir / job_lib.DONE
@@ -41,6 +42,12 @@ class Progress:
     stats = self.seen.values()
     return sum(s["lines"] for s in stats), sum(s["tgt_tokens"] for s in stats)
 
+  def _stamp(self) -> int | None:
+    try:
+      return (job_lib.job_dir(self.output) / job_lib.MANIFEST).stat().st_mtime_ns
+    except FileNotFoundError:
+      return None
+
   def poll(self) -> None:
     manifest = job_lib.job_dir(self.output) / job_lib.MANIFEST
     try:
@@ -54,7 +61,9 @@ class Progress:
       return
     lines, tokens = self._totals()
     if self.before is None:
-      self.before = (lines, tokens)
+      # a job made since this command started had nothing done before it, however much its workers
+      # finished before this first look
+      self.before = (lines, tokens) if self.stamp == self.initial else (0, 0)
       self.bar_start = time.perf_counter()
       self.bar = tqdm.tqdm(total=self.job.lines, initial=lines, desc="decode", unit="line",
                            disable=not self.enabled, dynamic_ncols=True, file=sys.stderr, smoothing=0)
