@@ -201,6 +201,27 @@ def test_each_part_is_claimed_once_and_a_dead_holders_part_again(tmp_path):
   assert job.claim(stale_after=60).part == 3
 
 
+def test_a_claim_being_written_beside_its_name_is_not_a_claim(tmp_path):
+  """Another worker's claim between its write and its link: part-N.claim.G.<host>.<pid>.tmp. Read as a
+  claim, its name broke the part's list of claims (a fresh-clone CI run failed so)."""
+  job = _job(tmp_path)
+  (job.dir / "part-00000.claim.0.somehost.123.tmp").write_text("{}")
+  assert job.claim(stale_after=60).part == 0
+
+
+def test_a_launcher_counts_what_its_workers_did_before_its_first_look(tmp_path):
+  """The job is made, and all of it translated, by workers faster than the launcher's first poll: all of
+  it is this command's work, none of it 'done before'."""
+  from decode.progress import Progress
+  progress = Progress(tmp_path / "out.txt", enabled=False)
+  job = _job(tmp_path)
+  for part in range(job.num_parts):
+    job.write_part(part, "x\n", dict(part=part, lines=3 if part < 3 else 1, tgt_tokens=2))
+  assert "10 lines translated" in progress.summary() and "0 lines were done before" in progress.summary()
+  again = Progress(tmp_path / "out.txt", enabled=False)   # a later command over the same finished parts
+  assert "0 lines translated" in again.summary() and "10 lines were done before" in again.summary()
+
+
 def test_a_claim_taken_by_another_worker_first_is_left_to_it(tmp_path, monkeypatch):
   job = _job(tmp_path)
   link, raced = os.link, []
