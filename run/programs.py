@@ -400,15 +400,16 @@ class Jit:
     return getattr(self.jitted, name)
 
   def __call__(self, *args, **kwargs):
-    signature = _signature(args) if not kwargs else None
+    folder = None if kwargs or self._key == "" or _exporting() else directory()
+    signature = _signature(args) if folder is not None else None
+    if signature is None:   # the cache off, the function uncached, or a call it cannot key
+      return self.jitted(*args, **kwargs)
     context = _context()
-    memo = (signature, context)
-    program = self._programs.get(memo) if signature is not None else None
+    program = self._programs.get((signature, context))
     if program is None:
-      folder = directory() if signature is not None else None
-      if folder is None or _exporting() or not self._fingerprint():
-        return self.jitted(*args, **kwargs)
-      program = self._programs[memo] = self._program(folder, signature, context, args)
+      if not self._fingerprint():
+        return self.jitted(*args)
+      program = self._programs[signature, context] = self._program(folder, signature, context, args)
     return program(*args)
 
   def _fingerprint(self) -> str:
@@ -443,6 +444,7 @@ class Jit:
     entry = _read(path)
     if entry is not None and "uncached" in entry:   # an earlier process found it cannot be kept
       return self._uncached(entry["uncached"])
+    kept = entry.get("exported") if entry is not None else None
     exported = _load(entry, path) if entry is not None and mode() != "verify" else None
     if exported is None:
       try:
@@ -454,18 +456,16 @@ class Jit:
         why = f"{type(e).__name__}: {str(e)[:300]}"
         _write(path, dict(uncached=why))
         return self._uncached(why)
-      uses_cpu_kernels = any(t.encode() in exported.mlir_module_serialized for t in cpu_decoding.TARGETS)
-      if entry is not None and _text(entry.get("exported")) != _text(exported):   # verify
+      if mode() == "verify" and isinstance(kept, jax.export.Exported) and _text(kept) != _text(exported):
         raise RuntimeError(
             f"run/programs.py: the program cache holds another program for {_name(self.fn)} under the same "
             f"key ({path}): the key misses a value the program depends on. Please report it; "
             f"AIAYN_PROGRAM_CACHE=0 turns the cache off")
-      if entry is None:
-        _write(path, dict(exported=dataclasses.replace(exported, _get_vjp=None), said=said,
-                          uses_cpu_kernels=uses_cpu_kernels))
+      if not isinstance(kept, jax.export.Exported):   # nothing kept yet, or what was is unusable
+        _write(path, dict(exported=dataclasses.replace(exported, _get_vjp=None), said=said))
     else:
-      uses_cpu_kernels = entry["uses_cpu_kernels"]
       jax.monitoring.record_event_duration_secs(_EVENT, time.perf_counter() - start)   # train/goodput.py
+    uses_cpu_kernels = any(t.encode() in exported.mlir_module_serialized for t in cpu_decoding.TARGETS)
     if uses_cpu_kernels and not cpu_decoding.available():   # registers them in this process
       return self._uncached("it calls the C++ decoding kernels, which are not available here")
     call = lambda *args: exported.call(*args)
@@ -563,6 +563,8 @@ def _load(entry: dict, path: pathlib.Path):
 
 
 def _write(path: pathlib.Path, entry: dict) -> None:
+  """Written beside its name and renamed, as run.workdir.write_atomically does, but under a name of this
+  process's own: the test suite's workers write the same program at once."""
   try:
     data = pickle.dumps(entry)
   except Exception as e:   # a program whose pieces do not pickle: run, not kept
