@@ -177,6 +177,7 @@ def test_inside_a_trace_or_an_export_it_is_a_plain_jit(cache):
   assert kept(cache) == []
 
 
+@pytest.mark.slow   # two smoke trainings in processes of their own: about 30 s
 def test_a_new_process_loads_what_this_source_tree_kept(tmp_path):
   """The trainer's programs across processes: the second run traces nothing, and its metrics are the
   first's, value for value."""
